@@ -1,0 +1,31 @@
+"""`llmpipe bench ...` sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+def add_bench_parser(sub, add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline measured in the same run")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    latency = kinds.add_parser("latency", help="TTFT and batch-1 decode vs transformers and the roofline")
+    latency.add_argument("--model", default="smollm2-135m-instruct")
+    latency.add_argument("--prompt-len", type=int, default=512)
+    latency.add_argument("--output-lens", type=int, nargs="+", default=[128, 1000])
+    latency.add_argument(
+        "--variants",
+        nargs="+",
+        default=["float32", "float32+compile", "bfloat16", "bfloat16+compile", "float32 no-kv-cache"],
+    )
+    latency.add_argument("--max-full-recompute", type=int, default=128, help="longer no-cache runs are estimated")
+    latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    latency.add_argument("--output", default="bench_results/latency.json")
+    latency.set_defaults(func=_run_latency)
+
+
+def _run_latency(args) -> None:
+    from llmpipe.bench import latency
+
+    latency.main(args)

@@ -1,0 +1,184 @@
+"""`llmpipe bench latency`: TTFT and batch-1 decode speed, against transformers and the roofline.
+
+Every figure is measured in this run: the machine's bandwidth, llmpipe's variants (dtype,
+torch.compile, KV cache on/off) and transformers' generate() on the same weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from llmpipe.bench import roofline
+from llmpipe.llm import LLM
+from llmpipe.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Variant:
+    name: str
+    dtype: str = "float32"
+    compile: bool = False
+    kv_cache: bool = True
+
+
+def random_prompt(vocab_size: int, length: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, vocab_size) for _ in range(length)]
+
+
+def run_llmpipe(llm: LLM, prompt_ids: list[int], new_tokens: int) -> dict:
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    out = llm.generate([{"prompt_token_ids": prompt_ids}], params)[0]
+    return {"ttft_s": out.metrics.ttft, "decode_tokens_per_s": out.metrics.decode_tokens_per_s}
+
+
+def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, samples: int = 8) -> float:
+    """Decode tokens/s without a KV cache, where running every step is too slow: time the recompute
+    step (a forward over the whole sequence so far) at evenly spaced lengths and average."""
+    runner = llm.engine.runner
+    total_len = len(prompt_ids) + new_tokens
+    ids = random_prompt(llm.engine.config.model_config.vocab_size, total_len, seed=1)
+    kv = runner.allocate(total_len)
+    lengths = [len(prompt_ids) + 1 + round(i * (new_tokens - 1) / (samples - 1)) for i in range(samples)]
+    step_times = []
+    for length in lengths:
+        start = time.perf_counter()
+        runner.prefill(ids[:length], kv)
+        step_times.append(time.perf_counter() - start)
+    return 1.0 / (sum(step_times) / len(step_times))
+
+
+def bench_variant(args, variant: Variant, prompts: dict) -> dict:
+    llm = LLM(args.model, dtype=variant.dtype, compile=variant.compile, kv_cache=variant.kv_cache, progress=False)
+    result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes}
+    if variant.compile:
+        run_llmpipe(llm, prompts["short"], 8)  # compile outside the timed runs
+    if variant.kv_cache:
+        result["ttft_512_s"] = run_llmpipe(llm, prompts["long"], 2)["ttft_s"]
+    for n in args.output_lens:
+        if variant.kv_cache or n <= args.max_full_recompute:
+            result[f"decode_{n}"] = run_llmpipe(llm, prompts["short"], n)["decode_tokens_per_s"]
+        else:
+            result[f"decode_{n}"] = estimate_recompute_rate(llm, prompts["short"], n)
+            result[f"decode_{n}_estimated"] = True
+    del llm
+    gc.collect()
+    return result
+
+
+def bench_transformers(args, path: Path, prompts: dict) -> dict:
+    from llmpipe.bench import hf_baseline
+
+    model = hf_baseline.load_transformers_model(path, torch.float32)
+    result: dict = {"variant": "transformers float32"}
+    result["ttft_512_s"] = hf_baseline.measure(model, prompts["long"], 2)["ttft_s"]
+    for n in args.output_lens:
+        result[f"decode_{n}"] = hf_baseline.measure(model, prompts["short"], n)["decode_tokens_per_s"]
+    return result
+
+
+VARIANTS = {
+    "float32": Variant("float32"),
+    "float32+compile": Variant("float32+compile", compile=True),
+    "bfloat16": Variant("bfloat16", dtype="bfloat16"),
+    "bfloat16+compile": Variant("bfloat16+compile", dtype="bfloat16", compile=True),
+    "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
+}
+
+
+def run(args) -> dict:
+    probe = LLM(args.model, progress=True)
+    vocab = probe.engine.config.model_config.vocab_size
+    path = probe.engine.checkpoint_path
+    f32_bytes = probe.engine.weight_bytes
+    del probe
+    prompts = {"long": random_prompt(vocab, args.prompt_len), "short": random_prompt(vocab, 16)}
+    bandwidth = roofline.memory_bandwidth()
+    report = {
+        "model": args.model,
+        "threads": torch.get_num_threads(),
+        "memory_bandwidth_GBps": bandwidth / 1e9,
+        "prompt_len": args.prompt_len,
+        "output_lens": args.output_lens,
+        "results": [],
+    }
+    names = args.variants
+    steps = tqdm(names + ([] if args.no_baseline else ["transformers"]), desc="bench latency", unit="variant")
+    for name in steps:
+        steps.set_postfix_str(name)
+        if name == "transformers":
+            report["results"].append(bench_transformers(args, path, prompts))
+        else:
+            report["results"].append(bench_variant(args, VARIANTS[name], prompts))
+    add_ratios(report, f32_bytes)
+    return report
+
+
+def add_ratios(report: dict, f32_bytes: int) -> None:
+    baseline = next((r for r in report["results"] if r["variant"].startswith("transformers")), None)
+    bandwidth = report["memory_bandwidth_GBps"] * 1e9
+    for r in report["results"]:
+        roof = roofline.decode_roofline_tokens_per_s(r.get("weight_bytes", f32_bytes), bandwidth)
+        r["roofline_tokens_per_s"] = roof
+        for n in report["output_lens"]:
+            rate = r.get(f"decode_{n}")
+            if rate:
+                r[f"decode_{n}_vs_roofline"] = rate / roof
+                if baseline and baseline.get(f"decode_{n}"):
+                    r[f"decode_{n}_vs_transformers"] = rate / baseline[f"decode_{n}"]
+        if baseline and r.get("ttft_512_s") and baseline.get("ttft_512_s"):
+            r["ttft_speedup_vs_transformers"] = baseline["ttft_512_s"] / r["ttft_512_s"]
+    cached = next((r for r in report["results"] if r["variant"] == "float32"), None)
+    recompute = next((r for r in report["results"] if r["variant"] == "float32 no-kv-cache"), None)
+    if cached and recompute:
+        report["kv_cache_speedup"] = {
+            n: cached[f"decode_{n}"] / recompute[f"decode_{n}"] for n in report["output_lens"]
+        }
+
+
+def format_table(report: dict) -> str:
+    lens = report["output_lens"]
+    header = ["variant", f"TTFT {report['prompt_len']} (ms)"]
+    for n in lens:
+        header += [f"decode@{n} tok/s", "vs HF", "of roofline"]
+    rows = [header]
+    for r in report["results"]:
+        ttft = r.get("ttft_512_s")
+        row = [r["variant"], f"{ttft * 1000:.0f}" if ttft else "-"]
+        for n in lens:
+            rate = r.get(f"decode_{n}")
+            mark = "~" if r.get(f"decode_{n}_estimated") else ""
+            row += [
+                f"{mark}{rate:.1f}" if rate else "-",
+                f"{r[f'decode_{n}_vs_transformers']:.2f}x" if f"decode_{n}_vs_transformers" in r else "-",
+                f"{r[f'decode_{n}_vs_roofline']:.0%}" if f"decode_{n}_vs_roofline" in r else "-",
+            ]
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"memory bandwidth (streaming read, measured now): {report['memory_bandwidth_GBps']:.1f} GB/s")
+    for n, ratio in report.get("kv_cache_speedup", {}).items():
+        lines.append(f"KV cache vs recompute at {n} output tokens: {ratio:.1f}x")
+    lines.append("~ = estimated from timed recompute steps at evenly spaced lengths")
+    return "\n".join(lines)
+
+
+def main(args) -> None:
+    report = run(args)
+    print(format_table(report))
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"wrote {out}")

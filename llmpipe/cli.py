@@ -1,0 +1,153 @@
+"""The `llmpipe` command: generate, chat, bench. Any llmpipe error is one readable line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from llmpipe.errors import LLMPipeError
+from llmpipe.outputs import RequestMetrics
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, Hugging Face directory or .gguf file")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--num-threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return dict(dtype=args.dtype, max_model_len=args.max_model_len, num_threads=args.num_threads, compile=args.compile)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace):
+    from llmpipe.sampling_params import SamplingParams
+
+    return SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=args.stop,
+    )
+
+
+def print_timing(metrics: RequestMetrics | None, num_tokens: int) -> None:
+    if metrics is None or metrics.ttft is None:
+        return
+    itl = metrics.mean_itl
+    rate = metrics.decode_tokens_per_s
+    print(
+        f"\n[{num_tokens} tokens | TTFT {metrics.ttft * 1000:.0f} ms | "
+        f"mean ITL {itl * 1000 if itl else 0:.1f} ms | {rate or 0:.1f} tokens/s]",
+        file=sys.stderr,
+    )
+
+
+def stream_reply(llm, prompt, params) -> str:
+    text = ""
+    for delta in llm.stream(prompt, params):
+        text += delta
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    out = llm.last_output
+    print_timing(out.metrics if out else None, len(out.outputs[0].token_ids) if out else 0)
+    return text
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from llmpipe.llm import LLM
+
+    params = sampling_params(args)
+    llm = LLM(args.model, **engine_kwargs(args))
+    tokenizer = llm.get_tokenizer()
+    use_chat = args.chat if args.chat is not None else bool(tokenizer and tokenizer.chat_template)
+    prompt = llm.chat_prompt([{"role": "user", "content": args.prompt}]) if use_chat else args.prompt
+    stream_reply(llm, prompt, params)
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    from llmpipe.llm import LLM
+
+    params = sampling_params(args)
+    llm = LLM(args.model, **engine_kwargs(args))
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("llmpipe chat: type a message, /reset to start over, /exit or Ctrl-D to leave.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        if not line:
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = stream_reply(llm, llm.chat_prompt(messages), params)
+        messages.append({"role": "assistant", "content": reply})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmpipe", description="LLM inference engine")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a completion for one prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--chat", dest="chat", action="store_true", default=None, help="apply the chat template")
+    gen.add_argument("--no-chat", dest="chat", action="store_false")
+    add_engine_args(gen)
+    add_sampling_args(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="interactive multi-turn chat")
+    chat.add_argument("--system", default=None, help="system message")
+    add_engine_args(chat)
+    add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+
+    from llmpipe.bench.cli import add_bench_parser
+
+    add_bench_parser(sub, add_engine_args)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.func(args)
+    except (LLMPipeError, ValueError) as err:
+        print(f"llmpipe: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nllmpipe: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Sampler: penalties → temperature → top-k / top-p / min-p → per-request seeded draw (or argmax).
+
+Works on a batch of rows, one per sequence, each with its own SamplingParams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from llmpipe.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingRow:
+    """What the sampler needs to know about one sequence this step."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    banned_token_ids: Sequence[int] = ()  # EOS / stop ids while under min_tokens
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    # Per row: (logprob of the chosen token, its rank, [(token id, logprob)] top-N), or None.
+    logprobs: list[tuple[float, int, list[tuple[int, float]]] | None]
+
+
+def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Repetition penalty over prompt + output; presence / frequency penalties over output (vLLM's rules)."""
+    vocab = logits.shape[-1]
+    for i, row in enumerate(rows):
+        p = row.params
+        if not p.uses_penalties:
+            continue
+        out_ids = torch.tensor(list(row.output_token_ids), dtype=torch.long)
+        counts = torch.bincount(out_ids, minlength=vocab)[:vocab].to(logits.dtype)
+        if p.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[torch.tensor(list(row.prompt_token_ids), dtype=torch.long)] = True
+            penalized = torch.where(logits[i] > 0, logits[i] / p.repetition_penalty, logits[i] * p.repetition_penalty)
+            logits[i] = torch.where(seen, penalized, logits[i])
+        logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+    return logits
+
+
+def filter_top_k_top_p_min_p(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Set to -inf every token outside each row's top-k, nucleus (top-p) and min-p sets."""
+    top_k = torch.tensor([r.params.top_k or logits.shape[-1] for r in rows])
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    rank = torch.arange(logits.shape[-1]).expand_as(sorted_logits)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = (rank >= top_k[:, None]) | (mass_before >= top_p[:, None])
+    drop |= probs < min_p[:, None] * probs[:, :1]
+    drop[:, 0] = False  # the most likely token always survives
+    return logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+
+
+def _topn_logprobs(raw: torch.Tensor, chosen: list[int], rows: Sequence[SamplingRow]):
+    wanted = [r.params.logprobs for r in rows]
+    if all(n is None for n in wanted):
+        return [None] * len(rows)
+    logprobs = raw.float().log_softmax(dim=-1)
+    result = []
+    for i, n in enumerate(wanted):
+        if n is None:
+            result.append(None)
+            continue
+        lp = logprobs[i, chosen[i]]
+        rank = int((logprobs[i] > lp).sum()) + 1
+        top = logprobs[i].topk(n) if n > 0 else None
+        pairs = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
+        result.append((float(lp), rank, pairs))
+    return result
+
+
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
+    """logits: [rows, vocab] from the LM head. Returns one token per row."""
+    raw = logits
+    logits = logits.float()
+    if any(r.params.uses_penalties or r.banned_token_ids for r in rows):
+        logits = apply_penalties(logits.clone(), rows)
+        for i, row in enumerate(rows):
+            if row.banned_token_ids:
+                logits[i, list(row.banned_token_ids)] = float("-inf")
+    if all(r.params.greedy for r in rows):
+        chosen = logits.argmax(dim=-1).tolist()
+        return SampleResult(chosen, _topn_logprobs(raw, chosen, rows))
+    temperature = torch.tensor([r.params.temperature if not r.params.greedy else 1.0 for r in rows])
+    scaled = filter_top_k_top_p_min_p(logits / temperature[:, None], rows)
+    probs = scaled.softmax(dim=-1)
+    chosen = []
+    for i, row in enumerate(rows):
+        if row.params.greedy:
+            chosen.append(int(logits[i].argmax()))
+        else:
+            chosen.append(int(torch.multinomial(probs[i], 1, generator=row.generator)))
+    return SampleResult(chosen, _topn_logprobs(raw, chosen, rows))

@@ -1,0 +1,85 @@
+"""LLM: the offline entry point, shaped like vLLM's (generate, chat, plus stream)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator, Sequence
+
+from llmpipe.config import EngineConfig
+from llmpipe.engine.engine import LLMEngine, PromptInput
+from llmpipe.errors import InvalidRequestError
+from llmpipe.outputs import RequestOutput
+from llmpipe.sampling_params import SamplingParams
+from llmpipe.tokenizer import Tokenizer
+
+Messages = list[dict[str, str]]
+
+
+class LLM:
+    def __init__(self, model: str = "smollm2-135m-instruct", *, progress: bool = True, **engine_options):
+        self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options), progress=progress)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer | None:
+        return self.engine.tokenizer
+
+    def generate(
+        self, prompts: PromptInput | Sequence[PromptInput], sampling_params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        ids = [self._add(prompt, params) for prompt in prompts]
+        finished: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for output in self.engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+        return [finished[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Messages | list[Messages],
+        sampling_params: SamplingParams | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Apply the model's chat template to each conversation and generate the assistant's reply."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        return self.generate([self.chat_prompt(c, add_generation_prompt) for c in conversations], sampling_params)
+
+    def chat_prompt(self, messages: Messages, add_generation_prompt: bool = True) -> dict:
+        tokenizer = self._require_tokenizer()
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        # The template writes BOS itself where the model wants one; don't add another.
+        return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+    def stream(self, prompt: PromptInput, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the text of the first sample as it decodes, in UTF-8-safe deltas."""
+        request_id = self._add(prompt, sampling_params or SamplingParams())
+        self.last_output: RequestOutput | None = None
+        sent = 0
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.request_id != request_id:
+                        continue
+                    self.last_output = output
+                    text = output.outputs[0].text
+                    if len(text) > sent:
+                        yield text[sent:]
+                        sent = len(text)
+                    if output.finished:
+                        return
+        finally:
+            self.engine.abort_request(request_id)
+
+    def _add(self, prompt: PromptInput, params: SamplingParams) -> str:
+        request_id = str(next(self._ids))
+        self.engine.add_request(request_id, prompt, params)
+        return request_id
+
+    def _require_tokenizer(self) -> Tokenizer:
+        if self.engine.tokenizer is None:
+            raise InvalidRequestError("this model has no tokenizer")
+        return self.engine.tokenizer

@@ -1,0 +1,107 @@
+"""Checkpoint: a model's config, tokenizer and lazily read weights, from a GGUF file or HF directory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from tqdm import tqdm
+
+from llmpipe.config import ModelConfig
+from llmpipe.errors import ModelLoadError
+from llmpipe.loader.aliases import resolve_model
+from llmpipe.loader.gguf_config import gguf_model_config
+from llmpipe.loader.gguf_file import open_gguf
+from llmpipe.loader.gguf_names import GGUF_ARCHITECTURES
+from llmpipe.loader.gguf_weights import GGUFWeights
+from llmpipe.loader.hf_config import hf_model_config
+from llmpipe.loader.hf_weights import SafetensorsWeights
+from llmpipe.loader.weight_names import expected_weight_shapes
+
+if TYPE_CHECKING:
+    from llmpipe.tokenizer.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+class WeightSource(Protocol):
+    """Where a checkpoint's tensors live; names are Hugging Face names."""
+
+    file_bytes: int
+
+    def shapes(self) -> dict[str, tuple[int, ...]]: ...  # from metadata only
+
+    def check_readable(self, names: Iterable[str]) -> None: ...  # UnsupportedModelError if not
+
+    def read(self, name: str) -> torch.Tensor: ...
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    path: Path  # resolved file or directory
+    file_bytes: int  # size on disk of the weights
+    source: WeightSource = field(repr=False, compare=False)
+
+    def iter_weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, float tensor), read and dequantized one at a time.
+
+        Tensors may share memory with the mapped file (copy-on-write): copy before keeping.
+        """
+        names = list(expected_weight_shapes(self.config))
+        bar = tqdm(names, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False)
+        for name in bar:
+            yield name, self.source.read(name)
+
+
+def load_checkpoint(model: str) -> Checkpoint:
+    """Read a checkpoint's config and tokenizer and check its tensor table; weights stay on disk."""
+    path = resolve_model(model)
+    if path.is_dir():
+        config, source = hf_model_config(path), SafetensorsWeights(path)
+        tokenizer = _hf_tokenizer(path)
+    else:
+        reader = open_gguf(path)
+        config = gguf_model_config(reader, path)
+        source = GGUFWeights(reader, path, GGUF_ARCHITECTURES[config.architecture], config)
+        tokenizer = _tokenizer_class().from_gguf(reader) if reader.get_field("tokenizer.ggml.tokens") else None
+    check_weights(source, config, path)
+    logger.info("%s: %s, %d layers, %.1f MB of weights", path, config.architecture, config.num_hidden_layers,
+                source.file_bytes / 1e6)
+    return Checkpoint(config=config, tokenizer=tokenizer, path=path, file_bytes=source.file_bytes, source=source)
+
+
+def check_weights(source: WeightSource, config: ModelConfig, path: Path) -> None:
+    """Every weight the config implies is present, has the right shape, and can be read."""
+    expected, present = expected_weight_shapes(config), source.shapes()
+    missing = [name for name in expected if name not in present]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{path}: checkpoint is missing tensor {missing[0]}{more}")
+    for name, shape in expected.items():
+        if present[name] != shape:
+            raise ModelLoadError(f"{path}: tensor {name} has shape {list(present[name])}, expected {list(shape)}")
+    source.check_readable(expected)
+    unused = len(present) - len(expected)
+    if unused:
+        logger.debug("%s: ignoring %d tensors the model does not use", path, unused)
+
+
+def _hf_tokenizer(directory: Path) -> Tokenizer | None:
+    if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
+        logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
+        return None
+    return _tokenizer_class().from_pretrained_dir(directory)
+
+
+def _tokenizer_class() -> type[Tokenizer]:
+    from llmpipe.tokenizer.tokenizer import Tokenizer  # deferred: the tokenizer package imports much more
+
+    return Tokenizer

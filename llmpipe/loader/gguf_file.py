@@ -1,0 +1,60 @@
+"""Opening a GGUF file (memory-mapped) and reading its metadata, with errors that name the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFReader, ReaderTensor
+
+from llmpipe.errors import ModelLoadError
+
+_MISSING = object()
+
+
+class _FastGGUFReader(GGUFReader):
+    """GGUFReader over a plain ndarray view of the same memory map.
+
+    Parsing a 49k-token vocabulary slices the map ~250k times; np.memmap's per-slice bookkeeping
+    makes that ~4x slower (8 s → 2 s for SmolLM2). The base class assigns `self.data` once.
+    """
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._mapped
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._mapped = value.view(np.ndarray)
+
+
+def open_gguf(path: Path) -> GGUFReader:
+    """Parse the header, metadata and tensor table; tensor data stays on disk until read.
+
+    Copy-on-write mode gives writable arrays (torch.from_numpy needs them) without writing back.
+    A file cut short fails here: each tensor's data is sliced from the map and reshaped.
+    """
+    try:
+        return _FastGGUFReader(path, mode="c")
+    except Exception as exc:  # GGUFReader raises ValueError, KeyError, IndexError… on garbage
+        raise ModelLoadError(f"{path}: not a valid GGUF file (corrupt or truncated?): {exc}") from exc
+
+
+def metadata(reader: GGUFReader, path: Path, key: str, default: Any = _MISSING) -> Any:
+    """A metadata value (scalar, string or list); `default` if absent, else ModelLoadError."""
+    field = reader.get_field(key)
+    if field is not None:
+        return field.contents()
+    if default is _MISSING:
+        raise ModelLoadError(f"{path}: GGUF metadata has no {key!r}")
+    return default
+
+
+def find_tensor(reader: GGUFReader, name: str) -> ReaderTensor | None:
+    return next((t for t in reader.tensors if t.name == name), None)
+
+
+def tensor_shape(tensor: ReaderTensor) -> tuple[int, ...]:
+    """PyTorch shape of a GGUF tensor (ggml lists dimensions innermost first)."""
+    return tuple(int(d) for d in reversed(tensor.shape.tolist()))

@@ -1,0 +1,73 @@
+"""What a request gives back: vLLM's RequestOutput / CompletionOutput shape, plus timing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int  # 1 = the most likely token
+    decoded_token: Optional[str] = None
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock times (time.perf_counter seconds) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: Optional[float] = None
+    first_token_time: Optional[float] = None
+    token_times: list[float] = field(default_factory=list)
+    finished_time: Optional[float] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        """Time to first token: arrival → first generated token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> Optional[float]:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def itl(self) -> list[float]:
+        """Inter-token latencies: gaps between consecutive generated tokens."""
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def mean_itl(self) -> Optional[float]:
+        gaps = self.itl
+        return sum(gaps) / len(gaps) if gaps else None
+
+    @property
+    def decode_tokens_per_s(self) -> Optional[float]:
+        gaps = self.itl
+        return len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    stop_reason: Optional[int | str] = None  # the stop string or stop token id that ended it
+    logprobs: Optional[list[dict[int, Logprob]]] = None
+    cumulative_logprob: Optional[float] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: Optional[str]
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics

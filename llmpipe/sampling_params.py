@@ -1,0 +1,72 @@
+"""SamplingParams: how to pick each next token and when to stop (vLLM's fields and meanings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmpipe.errors import InvalidRequestError
+
+_GREEDY_EPS = 1e-5
+
+
+def _check(ok: bool, name: str, rule: str, value: object) -> None:
+    if not ok:
+        raise InvalidRequestError(f"{name} must be {rule}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: no top-k filter
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stop_list: list[str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.stop_list = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        _check(isinstance(self.n, int) and self.n >= 1, "n", "an integer >= 1", self.n)
+        _check(self.temperature >= 0.0, "temperature", ">= 0", self.temperature)
+        _check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "-1, 0 (off) or a positive integer", self.top_k)
+        _check(0.0 <= self.min_p <= 1.0, "min_p", "in [0, 1]", self.min_p)
+        _check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        _check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens)
+        _check(self.min_tokens >= 0, "min_tokens", ">= 0", self.min_tokens)
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            f"<= max_tokens ({self.max_tokens})",
+            self.min_tokens,
+        )
+        _check(self.logprobs is None or self.logprobs >= 0, "logprobs", ">= 0", self.logprobs)
+        _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", "non-empty strings", self.stop)
+        _check(self.seed is None or isinstance(self.seed, int), "seed", "an integer", self.seed)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def uses_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

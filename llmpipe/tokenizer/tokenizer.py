@@ -1,0 +1,87 @@
+"""The Tokenizer: text ↔ token ids, the model's special tokens, and its chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import gguf
+import tokenizers
+
+from llmpipe.errors import InvalidRequestError
+from llmpipe.tokenizer.chat_template import render_chat_template
+from llmpipe.tokenizer.special_tokens import special_ids
+
+
+class Tokenizer:
+    """Wraps a Hugging Face `tokenizers.Tokenizer` plus the special-token facts and chat template.
+
+    Encoding adds BOS/EOS through the backend's post-processor, so `add_bos_token` reports what
+    the file configured rather than steering encode().
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token_id: int | None,
+        eos_token_id: int | None,
+        special_tokens: Mapping[str, str],
+        chat_template: str | None,
+    ) -> None:
+        self.backend = backend
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        # Named special tokens as chat templates see them: {"bos_token": "<s>", ...}.
+        self.special_tokens = dict(special_tokens)
+        self.chat_template = chat_template
+        self.all_special_ids = special_ids(backend)
+        self._add_bos_token = bos_token_id is not None and self.encode("")[:1] == [bos_token_id]
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+        from llmpipe.tokenizer.gguf_tokenizer import load_gguf_tokenizer  # it imports this module
+
+        return load_gguf_tokenizer(reader)
+
+    @classmethod
+    def from_pretrained_dir(cls, path: str | Path) -> Tokenizer:
+        from llmpipe.tokenizer.hf_tokenizer import load_hf_tokenizer  # it imports this module
+
+        return load_hf_tokenizer(Path(path))
+
+    @property
+    def add_bos_token(self) -> bool:
+        """Whether encode(add_special_tokens=True) prepends BOS."""
+        return self._add_bos_token
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        """The prompt text for a conversation; `extra` reaches the template too (tools, enable_thinking)."""
+        if self.chat_template is None:
+            raise InvalidRequestError(
+                "this model has no chat template, so chat messages cannot be turned into a prompt; "
+                "send a plain text prompt instead"
+            )
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            **{**self.special_tokens, **extra},
+        )

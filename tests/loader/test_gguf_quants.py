@@ -1,0 +1,86 @@
+"""llmpipe's torch dequantizers against gguf.quants, the reference, one ggml type at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+
+from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q8_0
+
+Q = GGMLQuantizationType
+ROWS, COLS = 48, 768  # three 256-weight super-blocks per row
+
+# Types gguf.quants can quantize: round-trip real float data through them.
+QUANTIZABLE = [Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
+# K-quants (gguf.quants only dequantizes them): random bytes, with finite float16 scales at these offsets.
+K_QUANT_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def random_weights(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    weights = rng.standard_normal((ROWS, COLS)).astype(np.float32) * 0.05
+    weights[0, :32] = 0.0  # an all-zero block (scale 0)
+    weights[1, :32] = 3.0  # a constant block (min == max)
+    return weights
+
+
+def random_blocks(qtype: GGMLQuantizationType, seed: int = 0) -> np.ndarray:
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(ROWS, COLS // block_size, type_size), dtype=np.uint8)
+    for offset in K_QUANT_SCALE_OFFSETS[qtype]:
+        scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype(np.float16)
+        blocks[..., offset : offset + 2] = scales[..., None].view(np.uint8)
+    return blocks.reshape(ROWS, -1)
+
+
+def assert_matches_reference(raw: np.ndarray, qtype: GGMLQuantizationType) -> None:
+    expected = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32))
+    actual = dequantize(torch.from_numpy(raw), qtype, (ROWS, COLS)).float()
+    assert actual.shape == expected.shape
+    assert torch.equal(actual, expected), f"max diff {(actual - expected).abs().max()}"
+
+
+@pytest.mark.parametrize("qtype", QUANTIZABLE, ids=lambda q: q.name)
+def test_dequantize_matches_gguf_reference_on_quantized_weights(qtype):
+    assert_matches_reference(quants.quantize(random_weights(), qtype), qtype)
+
+
+@pytest.mark.parametrize("qtype", list(K_QUANT_SCALE_OFFSETS), ids=lambda q: q.name)
+def test_dequantize_matches_gguf_reference_on_random_k_quant_blocks(qtype):
+    assert_matches_reference(random_blocks(qtype), qtype)
+
+
+def test_f16_and_f32_pass_through_with_their_dtype():
+    weights = random_weights()
+    half = dequantize(torch.from_numpy(weights.astype(np.float16)), Q.F16, (ROWS, COLS))
+    assert half.dtype == torch.float16 and torch.equal(half, torch.from_numpy(weights).half())
+    assert torch.equal(dequantize(torch.from_numpy(weights), Q.F32, (ROWS, COLS)), torch.from_numpy(weights))
+
+
+def test_bf16_stays_bfloat16():
+    raw = quants.quantize(random_weights(), Q.BF16)
+    assert dequantize(torch.from_numpy(raw), Q.BF16, (ROWS, COLS)).dtype == torch.bfloat16
+
+
+def test_split_functions_expose_the_fields_int_kernels_repack():
+    weights = random_weights()
+    for qtype, split in ((Q.Q8_0, split_q8_0), (Q.Q4_0, split_q4_0), (Q.Q4_1, split_q4_1)):
+        _, type_size = GGML_QUANT_SIZES[qtype]
+        blocks = torch.from_numpy(quants.quantize(weights, qtype)).reshape(-1, type_size)
+        fields = split(blocks)
+        assert fields[0].dtype == torch.float16 and fields[0].shape == (blocks.shape[0], 1)
+        assert fields[-1].shape[1] == (32 if qtype == Q.Q8_0 else 16)
+    # Q4_1: weight = scale · nibble + min, low nibbles first.
+    blocks = torch.from_numpy(quants.quantize(weights, Q.Q4_1)).reshape(-1, 20)
+    scale, minimum, packed = split_q4_1(blocks)
+    first = scale.float() * (packed[:, :1] & 0x0F).float() + minimum.float()
+    expected = torch.from_numpy(quants.dequantize(quants.quantize(weights, Q.Q4_1), Q.Q4_1)).reshape(-1, 32)
+    assert torch.equal(first[:, 0], expected[:, 0])
+
+
+def test_supported_types_are_exactly_the_documented_ones():
+    names = {q.name for q in SUPPORTED_TYPES}
+    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}

@@ -1,0 +1,48 @@
+"""The Llama family against transformers on tiny random-weight checkpoints (float32)."""
+
+import pytest
+import torch
+import transformers
+
+from llmpipe import LLM, SamplingParams
+from tests.conftest import TINY_CONFIGS
+
+PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150]
+
+
+@pytest.fixture(scope="module", params=sorted(TINY_CONFIGS))
+def pair(request, tiny_checkpoint):
+    path = tiny_checkpoint(request.param)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return LLM(str(path), progress=False), reference
+
+
+def test_prefill_logits_match_transformers(pair):
+    llm, reference = pair
+    ours = llm.engine.runner.score(PROMPT)
+    with torch.no_grad():
+        theirs = reference(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_match_transformers_generate(pair):
+    llm, reference = pair
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    ours = llm.generate([{"prompt_token_ids": PROMPT}], params)[0].outputs[0].token_ids
+    with torch.no_grad():
+        theirs = reference.generate(
+            torch.tensor([PROMPT]), max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0
+        )[0, len(PROMPT) :].tolist()
+    assert ours == theirs
+
+
+def test_decode_with_cache_matches_full_recompute(pair):
+    llm, _ = pair
+    runner = llm.engine.runner
+    sequence = PROMPT + [40, 41, 42, 43, 44, 45, 46, 47]
+    full = runner.score(sequence)
+    kv = runner.allocate(len(sequence))
+    step_logits = [runner.prefill(PROMPT, kv)[0]]
+    for end in range(len(PROMPT) + 1, len(sequence) + 1):
+        step_logits.append(runner.decode(sequence[:end], kv)[0])
+    torch.testing.assert_close(torch.stack(step_logits), full[len(PROMPT) - 1 :], atol=1e-5, rtol=0)

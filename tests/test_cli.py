@@ -1,0 +1,47 @@
+"""The command line: streamed output, and one readable line (no traceback) for every user error."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmpipe.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_generate_streams_text_and_timing(tiny_checkpoint):
+    result = run_cli("generate", "the quick brown fox", "--model", str(tiny_checkpoint("llama_gqa")),
+                     "--max-tokens", "8", "--no-chat", "--temperature", "0.8", "--seed", "1")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "TTFT" in result.stderr and "tokens/s" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/no/such/model.gguf"], "/no/such/model.gguf"),
+        (["--model", "no-such-alias"], "no-such-alias"),
+        (["--temperature", "-1"], "temperature"),
+        (["--top-p", "1.5"], "top_p"),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(tiny_checkpoint, args, message):
+    if "--model" not in args:
+        args = args + ["--model", str(tiny_checkpoint("llama_gqa"))]
+    result = run_cli("generate", "hello", "--no-chat", *args)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.startswith("llmpipe: error:")]
+    assert len(lines) == 1 and message in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_corrupt_gguf_is_one_line(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    result = run_cli("generate", "hello", "--model", str(bad))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "broken.gguf" in result.stderr
