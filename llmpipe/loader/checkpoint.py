@@ -51,9 +51,9 @@ class Checkpoint:
     source: WeightSource = field(repr=False, compare=False)
 
     def iter_weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, float tensor), read and dequantized one at a time.
+        """(Hugging Face name, float tensor), read and dequantized one at a time, in model order.
 
-        Tensors may share memory with the mapped file (copy-on-write): copy before keeping.
+        Float tensors of a GGUF may be views of its copy-on-write mapping (writes never reach the file).
         """
         names = list(expected_weight_shapes(self.config))
         bar = tqdm(names, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False)
@@ -64,18 +64,30 @@ class Checkpoint:
 def load_checkpoint(model: str) -> Checkpoint:
     """Read a checkpoint's config and tokenizer and check its tensor table; weights stay on disk."""
     path = resolve_model(model)
-    if path.is_dir():
-        config, source = hf_model_config(path), SafetensorsWeights(path)
-        tokenizer = _hf_tokenizer(path)
-    else:
-        reader = open_gguf(path)
-        config = gguf_model_config(reader, path)
-        source = GGUFWeights(reader, path, GGUF_ARCHITECTURES[config.architecture], config)
-        tokenizer = _tokenizer_class().from_gguf(reader) if reader.get_field("tokenizer.ggml.tokens") else None
+    config, source, tokenizer = _open_hf_dir(path) if path.is_dir() else _open_gguf(path)
     check_weights(source, config, path)
-    logger.info("%s: %s, %d layers, %.1f MB of weights", path, config.architecture, config.num_hidden_layers,
-                source.file_bytes / 1e6)
+    logger.info(
+        "%s: %s, %d layers, %.1f MiB of weights", path, config.architecture, config.num_hidden_layers,
+        source.file_bytes / 2**20,
+    )
     return Checkpoint(config=config, tokenizer=tokenizer, path=path, file_bytes=source.file_bytes, source=source)
+
+
+def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
+    config = hf_model_config(directory)
+    source = SafetensorsWeights(directory)
+    if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
+        logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
+        return config, source, None
+    return config, source, _tokenizer_class().from_pretrained_dir(directory)
+
+
+def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
+    reader = open_gguf(path)
+    config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
+    source = GGUFWeights(reader, path, GGUF_ARCHITECTURES[config.architecture], config)
+    has_vocabulary = reader.get_field("tokenizer.ggml.tokens") is not None
+    return config, source, _tokenizer_class().from_gguf(reader) if has_vocabulary else None
 
 
 def check_weights(source: WeightSource, config: ModelConfig, path: Path) -> None:
@@ -92,13 +104,6 @@ def check_weights(source: WeightSource, config: ModelConfig, path: Path) -> None
     unused = len(present) - len(expected)
     if unused:
         logger.debug("%s: ignoring %d tensors the model does not use", path, unused)
-
-
-def _hf_tokenizer(directory: Path) -> Tokenizer | None:
-    if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
-        logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
-        return None
-    return _tokenizer_class().from_pretrained_dir(directory)
 
 
 def _tokenizer_class() -> type[Tokenizer]:

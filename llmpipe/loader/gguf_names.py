@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -68,7 +69,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
 }
 
 
-def gguf_architecture(name: str, path: object) -> GGUFArchitecture:
+def gguf_architecture(name: str, path: Path) -> GGUFArchitecture:
     if name not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path}: GGUF architecture {name!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"

@@ -45,7 +45,9 @@ def llama3_frequency_factors(theta: float, dim: int, params: dict[str, float]) -
     return 1.0 / ((1 - smooth) / factor + smooth)
 
 
-def llama3_scaling_from_factors(factors: torch.Tensor, theta: float, dim: int, path: Path) -> dict[str, Any] | None:
+def llama3_scaling_from_factors(
+    factors: torch.Tensor, theta: float, dim: int, path: Path
+) -> dict[str, Any] | None:
     """Recover {'rope_type': 'llama3', …} from a rope_freqs tensor; None when it scales nothing.
 
     Any parameters that reproduce the factors at this model's frequencies are equivalent, so
@@ -60,7 +62,10 @@ def llama3_scaling_from_factors(factors: torch.Tensor, theta: float, dim: int, p
     wavelen = 2 * math.pi * theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     smooth = (1.0 / factors - 1.0 / factor) / (1.0 - 1.0 / factor)
     on_ramp = (smooth > _TOLERANCE) & (smooth < 1 - _TOLERANCE)
-    high, context = _ramp(wavelen[on_ramp], smooth[on_ramp], wavelen[smooth <= _TOLERANCE])
+    ramp = _ramp(wavelen[on_ramp], smooth[on_ramp], wavelen[smooth <= _TOLERANCE])
+    if ramp is None:
+        raise UnsupportedModelError(f"{path}: rope_freqs.weight does not match Llama 3 RoPE scaling")
+    high, context = ramp
     params = {
         "factor": round(factor, 4),
         "low_freq_factor": 1.0,
@@ -72,13 +77,13 @@ def llama3_scaling_from_factors(factors: torch.Tensor, theta: float, dim: int, p
     return {"rope_type": "llama3", **params}
 
 
-def _ramp(wavelen: torch.Tensor, smooth: torch.Tensor, scaled: torch.Tensor) -> tuple[float, float]:
+def _ramp(wavelen: torch.Tensor, smooth: torch.Tensor, scaled: torch.Tensor) -> tuple[float, float] | None:
     """(high_freq_factor, original context) with smooth = (context/wavelen − 1)/(high − 1)."""
     if wavelen.numel() >= 2:  # smooth = a·(1/wavelen) + b: a = context/(high − 1), b = −1/(high − 1)
         inv = 1.0 / wavelen
         design = torch.stack([inv, torch.ones_like(inv)], dim=1)
         a, b = torch.linalg.lstsq(design, smooth.unsqueeze(1)).solution.flatten().tolist()
-        return 1.0 - 1.0 / b, -a / b
+        return (1.0 - 1.0 / b, -a / b) if b < 0 else None
     high = 4.0
     if wavelen.numel() == 1:
         return high, float(wavelen[0] * (1 + smooth[0] * (high - 1)))

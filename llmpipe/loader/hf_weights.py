@@ -65,7 +65,8 @@ class SafetensorsWeights:
             dtype = self._handles[name].get_slice(name).get_dtype()
             if dtype not in FLOAT_DTYPES:
                 raise UnsupportedModelError(
-                    f"{self._files[name]}: tensor {name} has dtype {dtype}, expected one of {', '.join(FLOAT_DTYPES)}"
+                    f"{self._files[name]}: tensor {name} has dtype {dtype}, "
+                    f"expected one of {', '.join(FLOAT_DTYPES)}"
                 )
 
     def read(self, name: str) -> torch.Tensor:

@@ -63,7 +63,7 @@ def _compile(template: str) -> jinja2.Template:
 @lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

@@ -21,7 +21,8 @@ class _TextStream:
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool) -> None:
-        self._decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._window: list[int] = []
         self._context_len = 0  # tokens at the window's start that were already emitted
         self._context_text = ""
@@ -37,6 +38,9 @@ class _TextStream:
         """Whatever is left, unfinished characters included (as U+FFFD, like a full decode)."""
         text = self._decode(self._window)
         return self._advance(text) if len(text) > len(self._context_text) else ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip_special_tokens)
 
     def _advance(self, text: str) -> str:
         """Emit the window's text past its context; the emitted tokens become the next context."""
@@ -74,7 +78,7 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
-        """All text emitted so far."""
+        """All text emitted so far (joined on each read: stream the deltas, read this at the end)."""
         return "".join(self._pieces)
 
     def add(self, token_id: int) -> str:

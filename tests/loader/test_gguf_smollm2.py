@@ -56,7 +56,9 @@ def transformers_state_dict(smollm2_gguf):
 
 
 @pytest.mark.slow
-def test_every_weight_equals_transformers_gguf_dequantized_and_unpermuted(smollm2_weights, transformers_state_dict):
+def test_every_weight_equals_transformers_gguf_dequantized_and_unpermuted(
+    smollm2_weights, transformers_state_dict
+):
     reference = dict(transformers_state_dict)
     assert torch.equal(reference.pop("lm_head.weight"), reference["model.embed_tokens.weight"])  # tied
     assert set(smollm2_weights) == set(reference)

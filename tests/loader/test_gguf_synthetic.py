@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gguf
 import numpy as np
 import pytest
@@ -37,7 +39,8 @@ def test_gguf_config_matches_the_transformers_config(name, tiny_gguf, transforme
     assert config.architecture == GGUF_ARCH_OF[name]
     assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (
         hf.vocab_size, hf.hidden_size, hf.intermediate_size)
-    assert (config.num_attention_heads, config.num_key_value_heads) == (hf.num_attention_heads, hf.num_key_value_heads)
+    assert config.num_attention_heads == hf.num_attention_heads
+    assert config.num_key_value_heads == hf.num_key_value_heads
     assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     assert config.num_hidden_layers == hf.num_hidden_layers
     assert config.tie_word_embeddings == hf.tie_word_embeddings
@@ -96,7 +99,8 @@ def test_eot_token_joins_the_eos_ids(tiny_gguf):
 )
 def test_llama3_rope_scaling_is_recovered_from_rope_freqs(scaling):
     factors = torch.from_numpy(llama_cpp_rope_freqs(500000.0, 128, scaling))
-    assert llama3_scaling_from_factors(factors, 500000.0, 128, "x.gguf") == {"rope_type": "llama3", **scaling}
+    recovered = llama3_scaling_from_factors(factors, 500000.0, 128, Path("x.gguf"))
+    assert recovered == {"rope_type": "llama3", **scaling}
 
 
 def test_llama3_rope_freqs_tensor_becomes_rope_scaling(transformers_model, tmp_path):

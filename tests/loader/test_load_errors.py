@@ -79,7 +79,8 @@ def test_directory_without_safetensors(tiny_checkpoint, tmp_path):
 
 def test_index_naming_a_missing_shard(tiny_checkpoint, tmp_path):
     directory = hf_copy(tiny_checkpoint, tmp_path)
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "shard-2.safetensors"}}))
+    index = {"weight_map": {"model.norm.weight": "shard-2.safetensors"}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     assert "shard-2.safetensors" in load_error(directory)
 
 
@@ -141,7 +142,10 @@ def test_integer_safetensors_weight(tiny_checkpoint, tmp_path):
 # --- GGUF files ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("content", [b"", b"GGUF", b"not a gguf file at all" * 10, b"GGUF\x03\x00\x00\x00" + b"\xff" * 64])
+@pytest.mark.parametrize(
+    "content", [b"", b"GGUF", b"not a gguf file at all" * 10, b"GGUF\x03\x00\x00\x00" + b"\xff" * 64],
+    ids=["empty", "magic only", "text", "huge counts"],
+)
 def test_garbage_gguf(content, tmp_path):
     path = tmp_path / "bad.gguf"
     path.write_bytes(content)

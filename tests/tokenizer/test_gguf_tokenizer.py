@@ -121,3 +121,14 @@ def test_gguf_byte_level_without_merges_is_a_load_error(tiny_dir, tmp_path):
     write_tokenizer_gguf(path, tiny_dir / "tokenizer.json", with_merges=False)
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.merges"):
         Tokenizer.from_gguf(gguf.GGUFReader(path))
+
+
+def test_gguf_without_tokenizer_metadata_is_a_load_error(tmp_path):
+    path = tmp_path / "bare.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ModelLoadError, match="tokenizer.ggml.model"):
+        Tokenizer.from_gguf(gguf.GGUFReader(path))
