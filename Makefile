@@ -8,7 +8,7 @@ RUNTIME := $(VENV)/.runtime-installed
 TESTENV := $(VENV)/.test-installed
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench bench-throughput install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,6 +31,9 @@ test: $(TESTENV)
 
 bench: $(TESTENV)
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct
+
+bench-throughput: $(TESTENV)
+	$(VENV)/bin/llmpipe bench throughput --model smollm2-135m-instruct --num-prompts 64 --input-len 128 --output-len 128 --prefix-len 1024
 
 clean:
 	rm -rf $(VENV) bench_results .pytest_cache

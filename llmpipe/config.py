@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,24 @@ class ModelConfig:
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 
 
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """1073741824, 1.5e9, "512MiB", "2GiB", "4GB" → bytes."""
+    if isinstance(value, (int, float)):
+        number, unit = value, ""
+    else:
+        match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", value)
+        if not match or match.group(2).lower() not in _UNITS:
+            raise InvalidRequestError(f"kv_cache_memory must be bytes or a size like '2GiB', got {value!r}")
+        number, unit = float(match.group(1)), match.group(2)
+    size = int(float(number) * _UNITS[unit.lower()])
+    if size <= 0:
+        raise InvalidRequestError(f"kv_cache_memory must be positive, got {value!r}")
+    return size
+
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -55,9 +74,15 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"
     dtype: str = "float32"
     device: str = "cpu"
-    max_model_len: int | None = None  # default: the model's context length
+    max_model_len: int | None = None  # default: the model's context length (capped by the KV pool)
     kv_cache: bool = True  # False recomputes the whole sequence every step (for the benchmark)
-    compile: bool = False  # torch.compile the decode step
+    kv_cache_memory: int | float | str = "1GiB"  # bytes, or a string like "512MiB" / "2GiB"
+    max_num_blocks: int | None = None  # overrides kv_cache_memory
+    block_size: int = 16
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    compile: bool = False  # torch.compile the forward pass
     num_threads: int | None = None
     seed: int = 0
     # Filled from the checkpoint at load time.
@@ -66,8 +91,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise InvalidRequestError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        for name in ("max_model_len", "max_num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -24,8 +24,28 @@ def add_bench_parser(sub, add_engine_args: Callable[[argparse.ArgumentParser], N
     latency.add_argument("--output", default="bench_results/latency.json")
     latency.set_defaults(func=_run_latency)
 
+    tput = kinds.add_parser("throughput", help="continuous batching vs one at a time vs transformers")
+    tput.add_argument("--model", default="smollm2-135m-instruct")
+    tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    tput.add_argument("--num-prompts", type=int, default=64)
+    tput.add_argument("--input-len", type=int, default=128)
+    tput.add_argument("--output-len", type=int, default=128)
+    tput.add_argument("--max-num-seqs", type=int, default=128)
+    tput.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    tput.add_argument("--sequential-prompts", type=int, default=4, help="how many prompts the one-at-a-time run measures")
+    tput.add_argument("--prefix-len", type=int, default=0, help="also measure TTFT with/without a cached prefix")
+    tput.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    tput.add_argument("--output", default="bench_results/throughput.json")
+    tput.set_defaults(func=_run_throughput)
+
 
 def _run_latency(args) -> None:
     from llmpipe.bench import latency
 
     latency.main(args)
+
+
+def _run_throughput(args) -> None:
+    from llmpipe.bench import throughput
+
+    throughput.main(args)

@@ -7,9 +7,7 @@ torch.compile, KV cache on/off) and transformers' generate() on the same weights
 from __future__ import annotations
 
 import gc
-import json
 import logging
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from llmpipe.bench import roofline
+from llmpipe.bench.report import format_table, random_prompt, write_json
 from llmpipe.llm import LLM
 from llmpipe.sampling_params import SamplingParams
 
@@ -32,11 +31,6 @@ class Variant:
     kv_cache: bool = True
 
 
-def random_prompt(vocab_size: int, length: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100, vocab_size) for _ in range(length)]
-
-
 def run_llmpipe(llm: LLM, prompt_ids: list[int], new_tokens: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": prompt_ids}], params)[0]
@@ -46,15 +40,13 @@ def run_llmpipe(llm: LLM, prompt_ids: list[int], new_tokens: int) -> dict:
 def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, samples: int = 8) -> float:
     """Decode tokens/s without a KV cache, where running every step is too slow: time the recompute
     step (a forward over the whole sequence so far) at evenly spaced lengths and average."""
-    runner = llm.engine.runner
     total_len = len(prompt_ids) + new_tokens
     ids = random_prompt(llm.engine.config.model_config.vocab_size, total_len, seed=1)
-    kv = runner.allocate(total_len)
     lengths = [len(prompt_ids) + 1 + round(i * (new_tokens - 1) / (samples - 1)) for i in range(samples)]
     step_times = []
     for length in lengths:
         start = time.perf_counter()
-        runner.prefill(ids[:length], kv)
+        llm.engine.score(ids[:length], last_only=True)
         step_times.append(time.perf_counter() - start)
     return 1.0 / (sum(step_times) / len(step_times))
 
@@ -147,7 +139,7 @@ def add_ratios(report: dict, f32_bytes: int) -> None:
         }
 
 
-def format_table(report: dict) -> str:
+def latency_table(report: dict) -> str:
     lens = report["output_lens"]
     header = ["variant", f"TTFT {report['prompt_len']} (ms)"]
     for n in lens:
@@ -165,9 +157,7 @@ def format_table(report: dict) -> str:
                 f"{r[f'decode_{n}_vs_roofline']:.0%}" if f"decode_{n}_vs_roofline" in r else "-",
             ]
         rows.append(row)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [format_table(rows)]
     lines.append(f"memory bandwidth (streaming read, measured now): {report['memory_bandwidth_GBps']:.1f} GB/s")
     for n, ratio in report.get("kv_cache_speedup", {}).items():
         lines.append(f"KV cache vs recompute at {n} output tokens: {ratio:.1f}x")
@@ -177,8 +167,5 @@ def format_table(report: dict) -> str:
 
 def main(args) -> None:
     report = run(args)
-    print(format_table(report))
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"wrote {out}")
+    print(latency_table(report))
+    print(f"wrote {write_json(args.output, report)}")

@@ -1,21 +1,25 @@
-"""LLMEngine: requests in, one step at a time, outputs out.
+"""LLMEngine: requests in, one scheduled step at a time, outputs out.
 
-This engine runs one request at a time (prefill, then one decode step per call to step());
-the paged-cache, continuously batching scheduler replaces `_schedule` and `_run` later.
+Each step the scheduler picks a batch (decodes + prefill chunks) under the token budget, the
+model runner computes it in one forward pass over the paged KV cache, and the sampler picks the
+next token of every sequence that finished its prefill or decoded.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from dataclasses import dataclass
 
 import torch
 
 from llmpipe.config import EngineConfig
+from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.kv_cache import num_blocks_for
 from llmpipe.engine.model_runner import ModelRunner
-from llmpipe.engine.sequence import Request, Sequence
-from llmpipe.errors import InvalidRequestError
+from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
+from llmpipe.engine.sequence import Request, Sequence, SequenceStatus
+from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.layers.sampler import SamplingRow, sample
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import build_model
@@ -28,14 +32,27 @@ logger = logging.getLogger(__name__)
 PromptInput = str | list[int] | dict
 
 
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use
+    num_blocks: int
+    num_free_blocks: int
+    kv_bytes_per_token: int
+    prefix_cache_queries: int  # prompt blocks looked up
+    prefix_cache_hits: int  # prompt blocks served from the cache
+    num_preemptions: int
+    num_prefill_tokens: int  # prompt tokens actually computed (cache hits excluded)
+    num_generation_tokens: int
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, progress: bool = True):
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model)
         config.model_config = checkpoint.config
-        model_len = checkpoint.config.max_position_embeddings
-        config.max_model_len = min(config.max_model_len or model_len, model_len)
         self.config = config
         self.tokenizer: Tokenizer | None = checkpoint.tokenizer
         self.checkpoint_path = checkpoint.path
@@ -45,13 +62,45 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         weights = checkpoint.iter_weights(progress=progress)
         self.model = build_model(checkpoint.config, weights, config.torch_dtype, config.device)
-        self.runner = ModelRunner(self.model, config)
+        num_blocks = config.max_num_blocks or num_blocks_for(
+            config.kv_cache_memory, checkpoint.config, config.block_size, config.torch_dtype
+        )
+        if num_blocks < 1:
+            raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of this model")
+        self._set_max_model_len(num_blocks * config.block_size)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, config, num_blocks)
         self.requests: dict[str, Request] = {}
-        self.queue: deque[str] = deque()
+        self.num_prefill_tokens = 0
+        self.num_generation_tokens = 0
+
+    def _set_max_model_len(self, pool_tokens: int) -> None:
+        model_len = self.config.model_config.max_position_embeddings
+        wanted = min(self.config.max_model_len or model_len, model_len)
+        if wanted > pool_tokens:
+            logger.warning("max_model_len %d capped to the KV cache's %d tokens", wanted, pool_tokens)
+        self.config.max_model_len = min(wanted, pool_tokens)
 
     @property
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def stats(self) -> EngineStats:
+        blocks = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=blocks.usage,
+            num_blocks=blocks.num_blocks,
+            num_free_blocks=blocks.num_free_blocks,
+            kv_bytes_per_token=self.runner.kv_cache.bytes_per_token,
+            prefix_cache_queries=blocks.prefix_queries,
+            prefix_cache_hits=blocks.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+        )
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -69,22 +118,22 @@ class LLMEngine:
             )
         if params.stop_list and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none")
-        sequences = [self._new_sequence(i, token_ids, params) for i in range(params.n)]
+        sequences = [self._new_sequence(request_id, i, token_ids, params) for i in range(params.n)]
         self.requests[request_id] = Request(request_id, text, token_ids, params, sequences)
-        self.queue.append(request_id)
+        self.scheduler.add(sequences[0])
 
     def abort_request(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks at once."""
         request = self.requests.pop(request_id, None)
         if request is None:
             return
         for seq in request.sequences:
             if not seq.finished:
                 seq.finish("abort")
-        if request_id in self.queue:
-            self.queue.remove(request_id)
+            self.scheduler.finish(seq)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.queue)
+        return bool(self.requests)
 
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -104,7 +153,7 @@ class LLMEngine:
             raise InvalidRequestError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[0]!r}")
         return ids
 
-    def _new_sequence(self, index: int, token_ids: list[int], params: SamplingParams) -> Sequence:
+    def _new_sequence(self, request_id: str, index: int, token_ids: list[int], params: SamplingParams) -> Sequence:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.config.device).manual_seed(params.seed + index)
@@ -116,56 +165,93 @@ class LLMEngine:
                 stop=params.stop_list,
                 include_stop_str_in_output=params.include_stop_str_in_output,
             )
-        return Sequence(index, token_ids, params, detok, generator, logprobs=[] if params.logprobs is not None else None)
+        logprobs = [] if params.logprobs is not None else None
+        return Sequence(request_id, index, list(token_ids), params, detok, generator, logprobs=logprobs)
 
     # ---- stepping -------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Advance the oldest unfinished request by one forward pass; return its output so far."""
-        if not self.queue:
+        """Schedule and run one batch; return the output so far of every request it advanced."""
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            if self.scheduler.has_work():
+                raise LLMPipeError("scheduler made no progress: the KV cache is too small for any waiting request")
             return []
-        request = self.requests[self.queue[0]]
-        if not request.prefilled:
-            self._prefill(request)
-        else:
-            self._decode(request)
-        output = request.to_output()
-        if request.finished:
-            request.metrics.finished_time = time.perf_counter()
-            self.queue.popleft()
-            del self.requests[request.request_id]
-        return [output]
-
-    def _capacity(self, request: Request) -> int:
-        budget = request.params.max_tokens or self.config.max_model_len
-        return min(len(request.prompt_token_ids) + budget, self.config.max_model_len)
-
-    def _prefill(self, request: Request) -> None:
-        request.metrics.first_scheduled_time = time.perf_counter()
-        first = request.sequences[0]
-        first.kv = self.runner.allocate(self._capacity(request))
-        logits = self.runner.prefill(request.prompt_token_ids, first.kv)
-        for seq in request.sequences[1:]:
-            seq.kv = first.kv.fork(len(request.prompt_token_ids))
-        request.prefilled = True
-        self._sample_and_append(request, request.sequences, logits.expand(len(request.sequences), -1))
-
-    def _decode(self, request: Request) -> None:
-        running = [seq for seq in request.sequences if not seq.finished]
-        logits = torch.cat([self.runner.decode(seq.all_token_ids, seq.kv) for seq in running])
-        self._sample_and_append(request, running, logits)
-
-    def _sample_and_append(self, request: Request, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        rows = [self._sampling_row(seq) for seq in seqs]
-        result = sample(logits, rows)
         now = time.perf_counter()
-        if request.metrics.first_token_time is None:
-            request.metrics.first_token_time = now
-        request.metrics.token_times.append(now)
-        for i, (seq, token) in enumerate(zip(seqs, result.token_ids)):
-            if result.logprobs[i] is not None:
-                self._record_logprobs(seq, token, result.logprobs[i])
+        for item in batch.prefills:
+            metrics = self.requests[item.seq.request_id].metrics
+            metrics.first_scheduled_time = metrics.first_scheduled_time or now
+        sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
+        logits = self.runner.run(batch)
+        self._advance_computed(batch)
+        rows, seqs = self._with_forked_siblings(sampled)
+        touched = self._sample_and_append(seqs, logits[rows])
+        if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step
+            for seq in seqs:
+                seq.num_computed_tokens = 0
+        return self._collect_outputs(touched | {item.seq.request_id for item in batch.prefills})
+
+    def _advance_computed(self, batch: SchedulerOutput) -> None:
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+        for item in batch.prefills:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.num_prefill_tokens += item.num_tokens
+        for seq in batch.decodes + [item.seq for item in batch.prefills]:
+            self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+
+    def _with_forked_siblings(self, sampled: list[Sequence]) -> tuple[list[int], list[Sequence]]:
+        """When sample 0 of an n > 1 request has prefilled its prompt, the other samples start from
+        its blocks (sharing full blocks, copying the partial last one) and sample from its logits."""
+        rows, seqs = list(range(len(sampled))), list(sampled)
+        for row, seq in enumerate(sampled):
+            request = self.requests[seq.request_id]
+            if request.forked or len(request.sequences) == 1:
+                continue
+            request.forked = True
+            for sibling in request.sequences[1:]:
+                if self.block_manager.num_free_blocks == 0:
+                    self.scheduler.add(sibling)  # no block to copy into: prefill it (prefix cache hits)
+                    continue
+                copy = self.block_manager.fork(seq, sibling)
+                if copy is not None:
+                    self.runner.kv_cache.copy_block(*copy)
+                sibling.num_computed_tokens = seq.num_computed_tokens
+                sibling.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(sibling)
+                rows.append(row)
+                seqs.append(sibling)
+        return rows, seqs
+
+    def _collect_outputs(self, request_ids: set[str]) -> list[RequestOutput]:
+        outputs = []
+        for request_id in request_ids:
+            request = self.requests[request_id]
+            outputs.append(request.to_output())
+            if request.finished:
+                request.metrics.finished_time = time.perf_counter()
+                del self.requests[request_id]
+        return outputs
+
+    def _sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> set[str]:
+        if not seqs:
+            return set()
+        result = sample(logits, [self._sampling_row(seq) for seq in seqs])
+        now = time.perf_counter()
+        touched: set[str] = set()
+        for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs):
+            request = self.requests[seq.request_id]
+            if request.request_id not in touched:
+                request.metrics.first_token_time = request.metrics.first_token_time or now
+                request.metrics.token_times.append(now)
+                touched.add(request.request_id)
+            if logprobs is not None:
+                self._record_logprobs(seq, token, logprobs)
             self._append_token(seq, token)
+            if seq.finished:
+                self.scheduler.finish(seq)
+        self.num_generation_tokens += len(seqs)
+        return touched
 
     def _sampling_row(self, seq: Sequence) -> SamplingRow:
         banned: list[int] = []
@@ -198,3 +284,18 @@ class LLMEngine:
             seq.finish("length")
         elif seq.num_tokens >= self.config.max_model_len:
             seq.finish("length")
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def score(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests)."""
+        scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None, None)
+        if not self.block_manager.can_allocate(scratch):
+            raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
+        saved, self.block_manager.enable_prefix_caching = self.block_manager.enable_prefix_caching, False
+        try:
+            self.block_manager.allocate(scratch)
+            return self.runner.score(token_ids, scratch.block_table, last_only)
+        finally:
+            self.block_manager.enable_prefix_caching = saved
+            self.block_manager.free_sequence(scratch)

@@ -1,5 +1,5 @@
-"""Per-sequence KV cache: one contiguous K and V tensor per layer, allocated once for the
-sequence's whole budget (prompt + max new tokens), written in place as it grows."""
+"""The paged KV cache: one preallocated tensor per layer, [2 (K, V), blocks, block_size, kv_heads, head_dim],
+sized from a memory budget and addressed by block tables."""
 
 from __future__ import annotations
 
@@ -8,23 +8,25 @@ import torch
 from llmpipe.config import ModelConfig
 
 
-class SequenceKVCache:
-    def __init__(self, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device: torch.device | str):
-        shape = (cfg.num_hidden_layers, 2, cfg.num_key_value_heads, capacity, cfg.head_dim)
-        self.buffer = torch.empty(shape, dtype=dtype, device=device)
-        self.capacity = capacity
-        # [(k_cache, v_cache)] per layer, each [kv_heads, capacity, head_dim]
-        self.layers = [(layer[0], layer[1]) for layer in self.buffer]
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
+    return cfg.kv_bytes_per_token_per_element * torch.empty((), dtype=dtype).element_size()
 
-    def fork(self, num_tokens: int) -> "SequenceKVCache":
-        """A copy holding the first num_tokens positions (for n > 1 samples of one prompt)."""
-        twin = SequenceKVCache.__new__(SequenceKVCache)
-        twin.buffer = torch.empty_like(self.buffer)
-        twin.buffer[..., :num_tokens, :] = self.buffer[..., :num_tokens, :]
-        twin.capacity = self.capacity
-        twin.layers = [(layer[0], layer[1]) for layer in twin.buffer]
-        return twin
+
+def num_blocks_for(memory_bytes: int, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return memory_bytes // (kv_bytes_per_token(cfg, dtype) * block_size)
+
+
+class PagedKVCache:
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device):
+        shape = (cfg.num_hidden_layers, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self.layers = list(self.tensor)  # per-layer views, what the model's attention layers receive
+        self.bytes_per_token = kv_bytes_per_token(cfg, dtype)
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.tensor[:, :, dst] = self.tensor[:, :, src]
 
     @property
     def nbytes(self) -> int:
-        return self.buffer.numel() * self.buffer.element_size()
+        return self.tensor.numel() * self.tensor.element_size()

@@ -1,4 +1,5 @@
-"""ModelRunner: turns "run these tokens of this sequence" into tensors, a forward pass and logits."""
+"""ModelRunner: flattens a scheduled batch into tensors (token ids, positions, slot mapping, block
+tables → AttentionMetadata), runs one forward pass, and returns the logits that need sampling."""
 
 from __future__ import annotations
 
@@ -8,50 +9,72 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.kv_cache import SequenceKVCache
-from llmpipe.layers.attention import AttentionMetadata
+from llmpipe.engine.kv_cache import PagedKVCache
+from llmpipe.engine.scheduler import SchedulerOutput
+from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
 
 logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, config: EngineConfig):
+    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int):
         self.model = model
         self.config = config
         self.device = torch.device(config.device)
-        self._decode_forward = self._forward
+        self.block_size = config.block_size
+        self.kv_cache = PagedKVCache(config.model_config, num_blocks, config.block_size, config.torch_dtype, self.device)
+        self._forward = model.forward
         if config.compile:
-            logger.info("compiling the decode step with torch.compile")
-            self._decode_forward = torch.compile(self._forward, dynamic=True)
-
-    def allocate(self, capacity: int) -> SequenceKVCache:
-        return SequenceKVCache(self.config.model_config, capacity, self.config.torch_dtype, self.device)
+            logger.info("compiling the forward pass with torch.compile")
+            self._forward = torch.compile(model.forward, dynamic=True)
 
     @torch.inference_mode()
-    def prefill(self, token_ids: list[int], kv: SequenceKVCache) -> torch.Tensor:
-        """Run the whole prompt in one forward pass, filling the cache; logits [1, vocab] of its last token."""
-        return self._forward(self._tensor(token_ids), 0, kv)
+    def run(self, batch: SchedulerOutput) -> torch.Tensor:
+        """Logits [rows, vocab]: one row per decode, then one per prefill chunk that ends its prefill."""
+        ids, positions, meta, logit_rows = self._prepare(batch)
+        hidden = self._forward(ids, positions, self.kv_cache.layers, meta)
+        return self.model.compute_logits(hidden[logit_rows])
 
     @torch.inference_mode()
-    def decode(self, token_ids: list[int], kv: SequenceKVCache) -> torch.Tensor:
-        """One new token on top of the cached past (or, with kv_cache=False, the whole sequence again)."""
-        if not self.config.kv_cache:
-            return self._forward(self._tensor(token_ids), 0, kv)
-        return self._decode_forward(self._tensor(token_ids[-1:]), len(token_ids) - 1, kv)
+    def score(self, token_ids: list[int], block_table: list[int], last_only: bool = False) -> torch.Tensor:
+        """Logits [T, vocab] at every position (or [1, vocab] at the last) of a sequence computed
+        from scratch into block_table."""
+        table = torch.tensor(block_table, device=self.device)
+        positions = torch.arange(len(token_ids), device=self.device)
+        chunk = PrefillChunk(0, len(token_ids), len(token_ids), table)
+        meta = AttentionMetadata(self._slots(table, positions), 0, None, None, [chunk])
+        ids = torch.tensor(token_ids, device=self.device)
+        hidden = self.model(ids, positions, self.kv_cache.layers, meta)
+        return self.model.compute_logits(hidden[-1:] if last_only else hidden)
 
-    @torch.inference_mode()
-    def score(self, token_ids: list[int]) -> torch.Tensor:
-        """Logits [T, vocab] at every position of token_ids (a fresh cache; for evaluation and tests)."""
-        kv = self.allocate(len(token_ids))
-        return self._forward(self._tensor(token_ids), 0, kv, all_positions=True)
+    def _slots(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-    def _tensor(self, token_ids: list[int]) -> torch.Tensor:
-        return torch.tensor(token_ids, dtype=torch.long, device=self.device)
-
-    def _forward(
-        self, input_ids: torch.Tensor, start: int, kv: SequenceKVCache, all_positions: bool = False
-    ) -> torch.Tensor:
-        num_tokens = input_ids.shape[0]
-        positions = torch.arange(start, start + num_tokens, device=self.device)
-        hidden = self.model(input_ids, positions, kv.layers, AttentionMetadata(start, num_tokens))
-        return self.model.compute_logits(hidden if all_positions else hidden[-1:])
+    def _prepare(self, batch: SchedulerOutput):
+        ids: list[int] = [seq.all_token_ids[-1] for seq in batch.decodes]
+        positions: list[int] = [seq.num_tokens - 1 for seq in batch.decodes]
+        slots: list[torch.Tensor] = []
+        decode_tables = decode_lens = None
+        if batch.decodes:
+            width = max(len(seq.block_table) for seq in batch.decodes)
+            padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.decodes]
+            decode_tables = torch.tensor(padded, device=self.device)
+            decode_lens = torch.tensor([seq.num_tokens for seq in batch.decodes], device=self.device)
+            pos = decode_lens - 1
+            slots.append(decode_tables.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size + pos % self.block_size)
+        logit_rows = list(range(len(batch.decodes)))
+        chunks = []
+        for item in batch.prefills:
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_tokens
+            token_start = len(ids)
+            ids.extend(seq.all_token_ids[start:end])
+            positions.extend(range(start, end))
+            table = torch.tensor(seq.block_table, device=self.device)
+            slots.append(self._slots(table, torch.arange(start, end, device=self.device)))
+            chunks.append(PrefillChunk(token_start, len(ids), end, table))
+            if item.completes_prefill:
+                logit_rows.append(len(ids) - 1)
+        meta = AttentionMetadata(torch.cat(slots), len(batch.decodes), decode_tables, decode_lens, chunks)
+        ids_t = torch.tensor(ids, device=self.device)
+        return ids_t, torch.tensor(positions, device=self.device), meta, torch.tensor(logit_rows, dtype=torch.long, device=self.device)

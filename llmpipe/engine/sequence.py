@@ -1,32 +1,42 @@
-"""A request and its sequences (one per sample when n > 1): tokens, status, and timing."""
+"""A request and its sequences (one per sample when n > 1): tokens, KV blocks, status, timing."""
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from llmpipe.engine.kv_cache import SequenceKVCache
 from llmpipe.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.tokenizer import IncrementalDetokenizer
 
 
-@dataclass
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
 class Sequence:
+    request_id: str
     index: int
     prompt_token_ids: list[int]
     params: SamplingParams
     detokenizer: IncrementalDetokenizer | None
     generator: torch.Generator | None
     output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, served by the prefix cache at admission
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
-    kv: SequenceKVCache | None = None
 
     @property
     def finished(self) -> bool:
@@ -40,11 +50,16 @@ class Sequence:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    @property
+    def in_prefill(self) -> bool:
+        """More than the newest token still lacks K/V (a prompt, or a resumed preempted sequence)."""
+        return self.num_tokens - self.num_computed_tokens > 1
+
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.finish_reason, self.stop_reason = reason, stop_reason
+        self.status = SequenceStatus.FINISHED
         if self.detokenizer is not None and self.detokenizer.stop_reason is None:
             self.text += self.detokenizer.finish()
-        self.kv = None  # release the cache memory now
 
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(
@@ -66,7 +81,7 @@ class Request:
     params: SamplingParams
     sequences: list[Sequence]
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(arrival_time=time.perf_counter()))
-    prefilled: bool = False
+    forked: bool = False  # samples 1..n-1 start once sample 0 has prefilled the shared prompt
 
     @property
     def finished(self) -> bool:

@@ -1,7 +1,11 @@
-"""Causal self-attention over a sequence's KV cache.
+"""Paged attention: K/V live in a pool of fixed-size blocks, addressed through block tables.
 
-The metadata says where this forward's tokens sit in the sequence; prefill and decode differ
-only in it (many new tokens and an empty cache vs one new token and a long cached past).
+One forward carries a batch of decode tokens (one per sequence, first) and prefill chunks (a run
+of new tokens of one sequence, possibly on top of a cached prefix). New K/V are written through a
+flat slot mapping (slot = block id × block size + offset); reads gather each sequence's blocks.
+Prefill and decode differ only in this metadata, built by the model runner.
+
+`reference_paged_attention` is the readable per-token definition the fast paths are tested against.
 """
 
 from __future__ import annotations
@@ -13,65 +17,124 @@ import torch.nn.functional as F
 
 
 @dataclass
+class PrefillChunk:
+    token_start: int  # slice of this forward's tokens belonging to the chunk
+    token_end: int
+    context_len: int  # tokens cached after this chunk (cached prefix + the chunk)
+    block_table: torch.Tensor  # [blocks] block ids of the sequence
+
+
+@dataclass
 class AttentionMetadata:
-    start_pos: int  # tokens already cached before this forward
-    num_tokens: int  # new tokens in this forward
+    slot_mapping: torch.Tensor  # [tokens] flat cache slot of each new token
+    num_decodes: int  # the first num_decodes tokens are single-token decodes of distinct sequences
+    decode_block_tables: torch.Tensor | None  # [decodes, max blocks], padded with 0
+    decode_context_lens: torch.Tensor | None  # [decodes] tokens cached including the new one
+    prefills: list[PrefillChunk]
 
-    @property
-    def end_pos(self) -> int:
-        return self.start_pos + self.num_tokens
+
+def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """kv_cache: [2, blocks, block_size, kv_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]."""
+    flat = kv_cache.flatten(1, 2)
+    flat[0].index_copy_(0, slot_mapping, k)
+    flat[1].index_copy_(0, slot_mapping, v)
 
 
-def causal_mask(meta: AttentionMetadata, window: int | None, device: torch.device) -> torch.Tensor | None:
-    """Boolean [new tokens, cached + new] mask (True = may attend), or None where plain causal
-    attention is exact: one new token, or a fresh prompt, with no window cutting in."""
-    window_cuts = window is not None and meta.end_pos > window
-    if not window_cuts and (meta.num_tokens == 1 or meta.start_pos == 0):
+def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's first `length` K and V, each [length, kv_heads, head_dim]."""
+    blocks = kv_cache[:, block_table].flatten(1, 2)
+    return blocks[0, :length], blocks[1, :length]
+
+
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+    scale: float, window: int | None = None,
+) -> torch.Tensor:
+    """q: [tokens, heads, D]; k, v: [tokens, kv_heads, D]. Writes the new K/V, returns [tokens, heads × D]."""
+    write_kv(kv_cache, k, v, meta.slot_mapping)
+    if not meta.prefills:
+        return decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window)
+    parts = []
+    if meta.num_decodes:
+        decode_q = q[: meta.num_decodes]
+        parts.append(decode_attention(decode_q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window))
+    for chunk in meta.prefills:
+        parts.append(prefill_attention(q[chunk.token_start : chunk.token_end], kv_cache, chunk, scale, window))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def decode_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
+    scale: float, window: int | None,
+) -> torch.Tensor:
+    """One query per sequence against its cached keys, batched over sequences of different lengths
+    (padded to the longest; padding masked out). Two batched matmuls per step: PyTorch's CPU
+    flash-attention kernel is several times slower for single queries."""
+    batch = q.shape[0]
+    kv_heads, head_dim = kv_cache.shape[-2:]
+    blocks = kv_cache[:, block_tables]  # [2, batch, max blocks, block size, kv_heads, D]
+    keys = blocks[0].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [batch, kv_heads, L, D]
+    values = blocks[1].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    grouped = q.view(batch, kv_heads, -1, head_dim)  # query heads sharing a KV head sit together
+    scores = torch.matmul(grouped, keys.transpose(2, 3)) * scale  # [batch, kv_heads, group, L]
+    key_pos = torch.arange(keys.shape[2], device=q.device)
+    masked = key_pos[None, :] >= context_lens[:, None]
+    if window is not None:
+        masked |= key_pos[None, :] < context_lens[:, None] - window
+    scores.masked_fill_(masked[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+    return torch.matmul(probs, values).reshape(batch, -1)
+
+
+def prefill_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, chunk: PrefillChunk, scale: float, window: int | None
+) -> torch.Tensor:
+    """A chunk of one sequence's new tokens attending causally to its cached prefix and themselves."""
+    num_new = q.shape[0]
+    start = chunk.context_len - num_new
+    keys, values = gather_kv(kv_cache, chunk.block_table, chunk.context_len)
+    mask = _causal_mask(start, num_new, chunk.context_len, window, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        keys.transpose(0, 1).unsqueeze(0),
+        values.transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        is_causal=mask is None and num_new > 1,
+        scale=scale,
+        enable_gqa=True,
+    )
+    return out[0].transpose(0, 1).reshape(num_new, -1)
+
+
+def _causal_mask(start: int, num_new: int, end: int, window: int | None, device) -> torch.Tensor | None:
+    """Boolean [new, end] mask (True = may attend), or None where SDPA's own causal mask is exact
+    (a chunk with no cached prefix and no window cutting in)."""
+    if start == 0 and (window is None or end <= window):
         return None
-    query_pos = torch.arange(meta.start_pos, meta.end_pos, device=device)[:, None]
-    key_pos = torch.arange(meta.end_pos, device=device)[None, :]
+    query_pos = torch.arange(start, end, device=device)[:, None]
+    key_pos = torch.arange(end, device=device)[None, :]
     mask = key_pos <= query_pos
     if window is not None:
         mask &= key_pos > query_pos - window
     return mask
 
 
-def cached_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    meta: AttentionMetadata,
-    scale: float,
-    window: int | None = None,
+def reference_paged_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: list[list[int]], positions: list[int],
+    scale: float, window: int | None = None,
 ) -> torch.Tensor:
-    """q: [T, heads, D]; k, v: [T, kv_heads, D]; caches: [kv_heads, capacity, D]. Returns [T, heads × D].
-
-    Writes the new K/V at positions start..end, then attends over everything cached so far.
-    """
-    start, end = meta.start_pos, meta.end_pos
-    k_cache[:, start:end] = k.transpose(0, 1)
-    v_cache[:, start:end] = v.transpose(0, 1)
-    mask = causal_mask(meta, window, q.device)
-    if meta.num_tokens == 1 and mask is None:
-        return _single_query_attention(q[0], k_cache[:, :end], v_cache[:, :end], scale)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        k_cache[:, :end].unsqueeze(0),
-        v_cache[:, :end].unsqueeze(0),
-        attn_mask=mask,
-        is_causal=mask is None and meta.num_tokens > 1,
-        scale=scale,
-        enable_gqa=True,
-    )
-    return out[0].transpose(0, 1).reshape(meta.num_tokens, -1)
-
-
-def _single_query_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """Decode: one query per head against the cached keys, as two batched matmuls per KV head group.
-    (PyTorch's CPU flash-attention kernel is several times slower for a single query.)"""
-    kv_heads, _, head_dim = keys.shape
-    grouped = q.view(kv_heads, -1, head_dim)  # query heads sharing a KV head sit next to each other
-    probs = (torch.bmm(grouped, keys.transpose(1, 2)) * scale).softmax(dim=-1, dtype=torch.float32)
-    return torch.bmm(probs.to(values.dtype), values).reshape(1, -1)
+    """Definition, one token at a time: token i (at `positions[i]` of the sequence whose blocks are
+    `block_tables[i]`) attends to that sequence's cached keys 0..positions[i] (last `window` only)."""
+    heads, head_dim = q.shape[1:]
+    kv_heads, block_size = kv_cache.shape[-2], kv_cache.shape[2]
+    out = torch.empty(q.shape[0], heads * head_dim, dtype=q.dtype)
+    for i, (table, pos) in enumerate(zip(block_tables, positions)):
+        first = 0 if window is None else max(0, pos - window + 1)
+        slots = [(table[p // block_size], p % block_size) for p in range(first, pos + 1)]
+        keys = torch.stack([kv_cache[0, b, o] for b, o in slots])  # [L, kv_heads, D]
+        values = torch.stack([kv_cache[1, b, o] for b, o in slots])
+        for h in range(heads):
+            kvh = h // (heads // kv_heads)
+            weights = torch.softmax((keys[:, kvh].float() @ q[i, h].float()) * scale, dim=0)
+            out[i, h * head_dim : (h + 1) * head_dim] = (weights @ values[:, kvh].float()).to(q.dtype)
+    return out

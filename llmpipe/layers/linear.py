@@ -4,7 +4,8 @@ A decode step multiplies a few activation rows by every weight matrix: it is a m
 product bound by how fast the weights stream from memory. MKL runs that product on one thread,
 so on CPU we split the weight's output rows into one slice per thread and run the slices as a
 batched matmul, which PyTorch spreads across threads: ~1.5x the bandwidth on a 2-core machine.
-Larger batches (prefill) are compute-bound and go to the ordinary GEMM.
+Larger batches (prefill) are compute-bound and go to the ordinary GEMM; on CPUs without bf16
+matrix instructions that GEMM runs in float32 (bf16 GEMM there is ~10x slower than widening first).
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import torch.nn.functional as F
 from torch import nn
 
 SPLIT_MAX_ROWS = 16  # above this many rows the plain GEMM wins (measured with `llmpipe bench latency`)
+_NATIVE_HALF_GEMM = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [rows, in] @ weight[out, in].T (+ bias), choosing the faster kernel for the shape."""
-    splits = torch.get_num_threads()
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, splits: int = 1) -> torch.Tensor:
+    """x: [rows, in] @ weight[out, in].T (+ bias), choosing the faster kernel for the shape.
+    splits: how many slices the small-batch product is cut into (the thread count)."""
     out_features, in_features = weight.shape
-    if x.device.type != "cpu" or splits < 2 or x.shape[0] > SPLIT_MAX_ROWS or out_features % splits:
+    on_cpu = x.device.type == "cpu"
+    if on_cpu and x.shape[0] > SPLIT_MAX_ROWS and weight.dtype != torch.float32 and not _NATIVE_HALF_GEMM:
+        wide_bias = None if bias is None else bias.float()
+        return F.linear(x.float(), weight.float(), wide_bias).to(x.dtype)
+    if not on_cpu or splits < 2 or x.shape[0] > SPLIT_MAX_ROWS or out_features % splits:
         return F.linear(x, weight, bias)
     slices = weight.view(splits, out_features // splits, in_features).transpose(1, 2)
     y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), slices)  # [splits, rows, out / splits]
@@ -29,5 +35,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__(in_features, out_features, bias)
+        self.splits = torch.get_num_threads()  # fixed at build time, so torch.compile sees a constant
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.splits)

@@ -15,7 +15,7 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import ModelLoadError
-from llmpipe.layers.attention import AttentionMetadata, cached_attention
+from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear, linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding
@@ -29,7 +29,6 @@ STACKED_PARAMS = (
     ("gate_up_proj", "up_proj", 1),
 )
 
-LayerCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class LlamaAttention(nn.Module):
@@ -46,7 +45,7 @@ class LlamaAttention(nn.Module):
         self.window = cfg.sliding_window
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, cache: LayerCache, meta: AttentionMetadata
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, kv_cache: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
@@ -55,7 +54,7 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
-        out = cached_attention(q, k, v, cache[0], cache[1], meta, self.scale, self.window)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(out)
 
 
@@ -79,8 +78,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, x, positions, rotary, cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, cache, meta)
+    def forward(self, x, positions, rotary, kv_cache, meta):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -92,10 +91,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
-    def forward(self, input_ids, positions, caches: list[LayerCache], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        for layer, cache in zip(self.layers, caches):
-            x = layer(x, positions, self.rotary, cache, meta)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x = layer(x, positions, self.rotary, kv_cache, meta)
         return self.norm(x)
 
 
@@ -106,14 +105,15 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg)
         tied = cfg.tie_word_embeddings
         self.lm_head = None if tied else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.splits = torch.get_num_threads()
 
-    def forward(self, input_ids, positions, caches, meta) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
         """Hidden states [T, hidden] of the new tokens."""
-        return self.model(input_ids, positions, caches, meta)
+        return self.model(input_ids, positions, kv_caches, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
-            return linear(hidden, self.model.embed_tokens.weight)
+            return linear(hidden, self.model.embed_tokens.weight, splits=self.splits)
         return self.lm_head(hidden)
 
     @torch.no_grad()

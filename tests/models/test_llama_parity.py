@@ -19,7 +19,7 @@ def pair(request, tiny_checkpoint):
 
 def test_prefill_logits_match_transformers(pair):
     llm, reference = pair
-    ours = llm.engine.runner.score(PROMPT)
+    ours = llm.engine.score(PROMPT)
     with torch.no_grad():
         theirs = reference(torch.tensor([PROMPT])).logits[0]
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
@@ -37,12 +37,11 @@ def test_greedy_tokens_match_transformers_generate(pair):
 
 
 def test_decode_with_cache_matches_full_recompute(pair):
+    """Every decode step's full next-token distribution equals a from-scratch forward's."""
     llm, _ = pair
-    runner = llm.engine.runner
-    sequence = PROMPT + [40, 41, 42, 43, 44, 45, 46, 47]
-    full = runner.score(sequence)
-    kv = runner.allocate(len(sequence))
-    step_logits = [runner.prefill(PROMPT, kv)[0]]
-    for end in range(len(PROMPT) + 1, len(sequence) + 1):
-        step_logits.append(runner.decode(sequence[:end], kv)[0])
-    torch.testing.assert_close(torch.stack(step_logits), full[len(PROMPT) - 1 :], atol=1e-5, rtol=0)
+    vocab = llm.engine.config.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=vocab)
+    out = llm.generate([{"prompt_token_ids": PROMPT}], params)[0].outputs[0]
+    full = llm.engine.score(PROMPT + out.token_ids).log_softmax(-1)[len(PROMPT) - 1 : -1]
+    stepwise = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=0)

@@ -1,0 +1,110 @@
+"""Scheduler: continuous batching under a token budget, with chunked prefill and preemption.
+
+Each step: every running sequence that is decoding gets one token (decodes first, so streams
+never stall behind a long prompt); the remaining token budget goes to prefill chunks, first of
+sequences already admitted, then of waiting ones, in arrival order. When the cache runs out of
+blocks, the most recently admitted sequence is preempted: its blocks are freed and it goes back
+to the front of the queue, keeping the tokens it generated (they are recomputed on resumption).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    num_tokens: int  # new tokens computed this step, starting at seq.num_computed_tokens
+
+    @property
+    def completes_prefill(self) -> bool:
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[Sequence]
+    prefills: list[ScheduledChunk]
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.blocks = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput([], [])
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):  # decodes first: one token each
+            if seq.status is SequenceStatus.RUNNING and not seq.in_prefill and self._reserve_slots(seq, out):
+                out.decodes.append(seq)
+                budget -= 1
+        for seq in list(self.running):  # then prefill chunks of admitted sequences
+            if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill and self._reserve_slots(seq, out):
+                budget -= self._add_chunk(out, seq, budget)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.blocks.allocate(seq)
+            seq.num_computed_tokens = seq.num_cached_tokens
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= self._add_chunk(out, seq, budget)
+        return out
+
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        out.prefills.append(ScheduledChunk(seq, n))
+        return n
+
+    def _reserve_slots(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Give seq blocks for all its tokens, preempting the newest sequences until they fit.
+        False if seq itself had to be preempted."""
+        while not self.blocks.can_append(seq):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim in out.decodes:
+                out.decodes.remove(victim)
+            out.prefills = [item for item in out.prefills if item.seq is not victim]
+            if victim is seq:
+                return False
+        self.blocks.append_slot(seq)
+        return True
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute-style preemption: drop its KV, requeue it first, keep its generated tokens."""
+        self.running.remove(seq)
+        self.blocks.free_sequence(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        """Release a finished or aborted sequence's blocks at once."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free_sequence(seq)
