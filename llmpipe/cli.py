@@ -15,11 +15,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-threads", type=int, default=None)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the decode step")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(dtype=args.dtype, max_model_len=args.max_model_len, num_threads=args.num_threads, compile=args.compile)
+    return dict(dtype=args.dtype, max_model_len=args.max_model_len, num_threads=args.num_threads)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

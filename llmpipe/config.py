@@ -82,7 +82,6 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
-    compile: bool = False  # torch.compile the forward pass
     num_threads: int | None = None
     seed: int = 0
     # Filled from the checkpoint at load time.

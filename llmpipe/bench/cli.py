@@ -17,7 +17,7 @@ def add_bench_parser(sub, add_engine_args: Callable[[argparse.ArgumentParser], N
     latency.add_argument(
         "--variants",
         nargs="+",
-        default=["float32", "float32+compile", "bfloat16", "bfloat16+compile", "float32 no-kv-cache"],
+        default=["float32", "bfloat16", "float32 no-kv-cache"],
     )
     latency.add_argument("--max-full-recompute", type=int, default=128, help="longer no-cache runs are estimated")
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")

@@ -1,7 +1,7 @@
 """`llmpipe bench latency`: TTFT and batch-1 decode speed, against transformers and the roofline.
 
 Every figure is measured in this run: the machine's bandwidth, llmpipe's variants (dtype,
-torch.compile, KV cache on/off) and transformers' generate() on the same weights.
+KV cache on/off) and transformers' generate() on the same weights.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 class Variant:
     name: str
     dtype: str = "float32"
-    compile: bool = False
     kv_cache: bool = True
 
 
@@ -52,10 +51,8 @@ def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, sa
 
 
 def bench_variant(args, variant: Variant, prompts: dict) -> dict:
-    llm = LLM(args.model, dtype=variant.dtype, compile=variant.compile, kv_cache=variant.kv_cache, progress=False)
+    llm = LLM(args.model, dtype=variant.dtype, kv_cache=variant.kv_cache, progress=False)
     result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes}
-    if variant.compile:
-        run_llmpipe(llm, prompts["short"], 8)  # compile outside the timed runs
     if variant.kv_cache:
         result["ttft_512_s"] = run_llmpipe(llm, prompts["long"], 2)["ttft_s"]
     for n in args.output_lens:
@@ -82,9 +79,7 @@ def bench_transformers(args, path: Path, prompts: dict) -> dict:
 
 VARIANTS = {
     "float32": Variant("float32"),
-    "float32+compile": Variant("float32+compile", compile=True),
     "bfloat16": Variant("bfloat16", dtype="bfloat16"),
-    "bfloat16+compile": Variant("bfloat16+compile", dtype="bfloat16", compile=True),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
 }
 

@@ -18,10 +18,9 @@ class PagedSequence(Protocol):
     """What the block manager needs from a sequence."""
 
     block_table: list[int]
+    all_token_ids: list[int]
     num_cached_tokens: int
-
-    @property
-    def all_token_ids(self) -> list[int]: ...
+    num_hashed_blocks: int
 
 
 @dataclass
@@ -79,7 +78,7 @@ class BlockManager:
         tokens = seq.all_token_ids
         parent: int | None = None
         hitting = self.enable_prefix_caching
-        seq.num_cached_tokens = 0
+        seq.num_cached_tokens = seq.num_hashed_blocks = 0
         for start in range(0, len(tokens), self.block_size):
             chunk = tokens[start : start + self.block_size]
             full = len(chunk) == self.block_size
@@ -95,6 +94,7 @@ class BlockManager:
                 else:
                     self.prefix_hits += 1
                     seq.num_cached_tokens += self.block_size
+                    seq.num_hashed_blocks += 1
             if block_id is None:
                 block_id = self._take_free_block()
             else:
@@ -137,16 +137,16 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         tokens = seq.all_token_ids
-        parent = None
-        for index in range(num_computed_tokens // self.block_size):
+        for index in range(seq.num_hashed_blocks, num_computed_tokens // self.block_size):
             block = self.blocks[seq.block_table[index]]
-            chunk = tokens[index * self.block_size : (index + 1) * self.block_size]
+            parent = self.blocks[seq.block_table[index - 1]].hash if index else None
             if block.hash is None:
+                chunk = tokens[index * self.block_size : (index + 1) * self.block_size]
                 block.hash, block.token_ids = block_hash(parent, chunk), tuple(chunk)
                 self.cached.setdefault(block.hash, block.block_id)
-            parent = block.hash
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_computed_tokens // self.block_size)
 
-    def fork(self, parent: PagedSequence, child: PagedSequence) -> int | None:
+    def fork(self, parent: PagedSequence, child: PagedSequence) -> tuple[int, int] | None:
         """Child shares parent's full blocks; a partial last block is copied (copy-on-write done at once).
         Returns (source, destination) block ids the caller must copy, or None."""
         full = len(parent.all_token_ids) // self.block_size
@@ -154,6 +154,7 @@ class BlockManager:
             self._ref(block_id)
         child.block_table = list(parent.block_table[:full])
         child.num_cached_tokens = parent.num_cached_tokens
+        child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
         if full == len(parent.block_table):
             return None
         copy = self._take_free_block()
@@ -167,3 +168,4 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free[block_id] = None
         seq.block_table = []
+        seq.num_hashed_blocks = 0

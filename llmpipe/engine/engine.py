@@ -269,7 +269,7 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         """Record the token, stream its text, and decide whether the sequence is done."""
-        seq.output_token_ids.append(token)
+        seq.append_token(token)
         params = seq.params
         may_stop = len(seq.output_token_ids) >= params.min_tokens
         if seq.detokenizer is not None:

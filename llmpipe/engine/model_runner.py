@@ -3,8 +3,6 @@ tables → AttentionMetadata), runs one forward pass, and returns the logits tha
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 
@@ -13,9 +11,6 @@ from llmpipe.engine.kv_cache import PagedKVCache
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
 
-logger = logging.getLogger(__name__)
-
-
 class ModelRunner:
     def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int):
         self.model = model
@@ -23,16 +18,12 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.block_size = config.block_size
         self.kv_cache = PagedKVCache(config.model_config, num_blocks, config.block_size, config.torch_dtype, self.device)
-        self._forward = model.forward
-        if config.compile:
-            logger.info("compiling the forward pass with torch.compile")
-            self._forward = torch.compile(model.forward, dynamic=True)
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> torch.Tensor:
         """Logits [rows, vocab]: one row per decode, then one per prefill chunk that ends its prefill."""
         ids, positions, meta, logit_rows = self._prepare(batch)
-        hidden = self._forward(ids, positions, self.kv_cache.layers, meta)
+        hidden = self.model(ids, positions, self.kv_cache.layers, meta)
         return self.model.compute_logits(hidden[logit_rows])
 
     @torch.inference_mode()
@@ -55,11 +46,12 @@ class ModelRunner:
         positions: list[int] = [seq.num_tokens - 1 for seq in batch.decodes]
         slots: list[torch.Tensor] = []
         decode_tables = decode_lens = None
+        lens = [seq.num_tokens for seq in batch.decodes]
         if batch.decodes:
             width = max(len(seq.block_table) for seq in batch.decodes)
             padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.decodes]
             decode_tables = torch.tensor(padded, device=self.device)
-            decode_lens = torch.tensor([seq.num_tokens for seq in batch.decodes], device=self.device)
+            decode_lens = torch.tensor(lens, device=self.device)
             pos = decode_lens - 1
             slots.append(decode_tables.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size + pos % self.block_size)
         logit_rows = list(range(len(batch.decodes)))
@@ -75,6 +67,9 @@ class ModelRunner:
             chunks.append(PrefillChunk(token_start, len(ids), end, table))
             if item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
-        meta = AttentionMetadata(torch.cat(slots), len(batch.decodes), decode_tables, decode_lens, chunks)
+        meta = AttentionMetadata(
+            torch.cat(slots), len(batch.decodes), decode_tables, decode_lens, chunks,
+            decode_max_len=max(lens, default=0), decode_same_len=len(set(lens)) <= 1,
+        )
         ids_t = torch.tensor(ids, device=self.device)
         return ids_t, torch.tensor(positions, device=self.device), meta, torch.tensor(logit_rows, dtype=torch.long, device=self.device)

@@ -28,27 +28,32 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None
     generator: torch.Generator | None
     output_token_ids: list[int] = field(default_factory=list)
+    all_token_ids: list[int] = field(init=False)  # prompt + output, grown in place (no copy per step)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, served by the prefix cache at admission
+    num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.all_token_ids = self.prompt_token_ids + self.output_token_ids
+
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
-    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        return len(self.all_token_ids)
+
+    def append_token(self, token: int) -> None:
+        self.output_token_ids.append(token)
+        self.all_token_ids.append(token)
 
     @property
     def in_prefill(self) -> bool:

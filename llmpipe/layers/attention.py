@@ -31,6 +31,8 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [decodes, max blocks], padded with 0
     decode_context_lens: torch.Tensor | None  # [decodes] tokens cached including the new one
     prefills: list[PrefillChunk]
+    decode_max_len: int = 0  # longest decode context (Python side, so no sync is needed to slice)
+    decode_same_len: bool = True  # every decode context has decode_max_len tokens: no padding to mask
 
 
 def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -42,7 +44,7 @@ def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapp
 
 def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's first `length` K and V, each [length, kv_heads, head_dim]."""
-    blocks = kv_cache[:, block_table].flatten(1, 2)
+    blocks = kv_cache.index_select(1, block_table).flatten(1, 2)
     return blocks[0, :length], blocks[1, :length]
 
 
@@ -53,35 +55,37 @@ def paged_attention(
     """q: [tokens, heads, D]; k, v: [tokens, kv_heads, D]. Writes the new K/V, returns [tokens, heads × D]."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
     if not meta.prefills:
-        return decode_attention(q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window)
+        return decode_attention(q, kv_cache, meta, scale, window)
     parts = []
     if meta.num_decodes:
-        decode_q = q[: meta.num_decodes]
-        parts.append(decode_attention(decode_q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window))
+        parts.append(decode_attention(q[: meta.num_decodes], kv_cache, meta, scale, window))
     for chunk in meta.prefills:
         parts.append(prefill_attention(q[chunk.token_start : chunk.token_end], kv_cache, chunk, scale, window))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def decode_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-    scale: float, window: int | None,
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None
 ) -> torch.Tensor:
     """One query per sequence against its cached keys, batched over sequences of different lengths
     (padded to the longest; padding masked out). Two batched matmuls per step: PyTorch's CPU
     flash-attention kernel is several times slower for single queries."""
-    batch = q.shape[0]
+    batch, length = q.shape[0], meta.decode_max_len
     kv_heads, head_dim = kv_cache.shape[-2:]
-    blocks = kv_cache[:, block_tables]  # [2, batch, max blocks, block size, kv_heads, D]
-    keys = blocks[0].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)  # [batch, kv_heads, L, D]
-    values = blocks[1].reshape(batch, -1, kv_heads, head_dim).transpose(1, 2)
+    # index_select is several times cheaper per call than advanced indexing on CPU.
+    blocks = kv_cache.index_select(1, meta.decode_block_tables.flatten()).view(2, batch, -1, kv_heads, head_dim)
+    keys = blocks[0, :, :length].transpose(1, 2)  # [batch, kv_heads, L, D]
+    values = blocks[1, :, :length].transpose(1, 2)
     grouped = q.view(batch, kv_heads, -1, head_dim)  # query heads sharing a KV head sit together
     scores = torch.matmul(grouped, keys.transpose(2, 3)) * scale  # [batch, kv_heads, group, L]
-    key_pos = torch.arange(keys.shape[2], device=q.device)
-    masked = key_pos[None, :] >= context_lens[:, None]
-    if window is not None:
-        masked |= key_pos[None, :] < context_lens[:, None] - window
-    scores.masked_fill_(masked[:, None, None, :], float("-inf"))
+    window_cuts = window is not None and length > window
+    if window_cuts or not meta.decode_same_len:
+        lens = meta.decode_context_lens[:, None]
+        key_pos = torch.arange(length, device=q.device)[None, :]
+        masked = key_pos >= lens
+        if window_cuts:
+            masked |= key_pos < lens - window
+        scores.masked_fill_(masked[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
     return torch.matmul(probs, values).reshape(batch, -1)
 

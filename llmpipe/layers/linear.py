@@ -29,15 +29,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if not on_cpu or splits < 2 or x.shape[0] > SPLIT_MAX_ROWS or out_features % splits:
         return F.linear(x, weight, bias)
     slices = weight.view(splits, out_features // splits, in_features).transpose(1, 2)
-    y = torch.bmm(x.unsqueeze(0).expand(splits, -1, -1), slices)  # [splits, rows, out / splits]
-    y = y.transpose(0, 1).reshape(x.shape[0], out_features)
+    y = torch.bmm(x.expand(splits, -1, -1), slices)  # [splits, rows, out / splits]
+    y = y.view(1, out_features) if x.shape[0] == 1 else y.transpose(0, 1).reshape(x.shape[0], out_features)
     return y if bias is None else y + bias
 
 
 class Linear(nn.Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__(in_features, out_features, bias)
-        self.splits = torch.get_num_threads()  # fixed at build time, so torch.compile sees a constant
+        self.splits = torch.get_num_threads()  # fixed when the model is built (the engine sets threads first)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, self.splits)

@@ -38,11 +38,11 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
         p = row.params
         if not p.uses_penalties:
             continue
-        out_ids = torch.tensor(list(row.output_token_ids), dtype=torch.long)
+        out_ids = torch.tensor(list(row.output_token_ids), dtype=torch.long, device=logits.device)
         counts = torch.bincount(out_ids, minlength=vocab)[:vocab].to(logits.dtype)
         if p.repetition_penalty != 1.0:
             seen = counts > 0
-            seen[torch.tensor(list(row.prompt_token_ids), dtype=torch.long)] = True
+            seen[torch.tensor(list(row.prompt_token_ids), dtype=torch.long, device=logits.device)] = True
             penalized = torch.where(logits[i] > 0, logits[i] / p.repetition_penalty, logits[i] * p.repetition_penalty)
             logits[i] = torch.where(seen, penalized, logits[i])
         logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
@@ -51,11 +51,12 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
 
 def filter_top_k_top_p_min_p(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Set to -inf every token outside each row's top-k, nucleus (top-p) and min-p sets."""
-    top_k = torch.tensor([r.params.top_k or logits.shape[-1] for r in rows])
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype)
-    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype)
+    device = logits.device
+    top_k = torch.tensor([r.params.top_k or logits.shape[-1] for r in rows], device=device)
+    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype, device=device)
+    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype, device=device)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    rank = torch.arange(logits.shape[-1]).expand_as(sorted_logits)
+    rank = torch.arange(logits.shape[-1], device=device).expand_as(sorted_logits)
     probs = sorted_logits.softmax(dim=-1)
     mass_before = probs.cumsum(dim=-1) - probs
     drop = (rank >= top_k[:, None]) | (mass_before >= top_p[:, None])
@@ -94,7 +95,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     if all(r.params.greedy for r in rows):
         chosen = logits.argmax(dim=-1).tolist()
         return SampleResult(chosen, _topn_logprobs(raw, chosen, rows))
-    temperature = torch.tensor([r.params.temperature if not r.params.greedy else 1.0 for r in rows])
+    temperature = torch.tensor([r.params.temperature if not r.params.greedy else 1.0 for r in rows], device=logits.device)
     scaled = filter_top_k_top_p_min_p(logits / temperature[:, None], rows)
     probs = scaled.softmax(dim=-1)
     chosen = []

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from llmpipe.config import LLAMA_FAMILY, ModelConfig
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
-
-
-def read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{path}: cannot read JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return value
+from llmpipe.files import read_json
 
 
 def hf_model_config(directory: Path) -> ModelConfig:

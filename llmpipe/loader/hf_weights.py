@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
-from llmpipe.loader.hf_config import read_json
+from llmpipe.files import read_json
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 
 from llmpipe.errors import ModelLoadError
+from llmpipe.files import read_json
 from llmpipe.tokenizer.special_tokens import NAMED_TOKENS, add_whole_tokens
 from llmpipe.tokenizer.tokenizer import Tokenizer
 
@@ -45,15 +45,7 @@ def _read_backend(file: Path) -> tokenizers.Tokenizer:
 
 def _read_config(file: Path) -> dict[str, Any]:
     """The tokenizer config, or {} when absent (then no named special tokens and no template)."""
-    if not file.is_file():
-        return {}
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelLoadError(f"cannot read {file}: {error}") from error
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{file} is not a JSON object")
-    return config
+    return read_json(file) if file.is_file() else {}
 
 
 def _token_text(value: Any) -> str | None:

@@ -20,6 +20,7 @@ class FakeSeq:
     tokens: list[int]
     block_table: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    num_hashed_blocks: int = 0
     computed: int = 0
 
     @property

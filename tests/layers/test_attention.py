@@ -37,6 +37,8 @@ def test_mixed_decode_and_prefill_batch_matches_reference(window):
         decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in decodes]),
         decode_context_lens=torch.tensor([c + 1 for c, new in shapes if new == 1]),
         prefills=chunks,
+        decode_max_len=max(c + 1 for c, new in shapes if new == 1),
+        decode_same_len=False,
     )
     tokens = len(positions)
     q, k, v = torch.randn(tokens, HEADS, DIM), torch.randn(tokens, KV_HEADS, DIM), torch.randn(tokens, KV_HEADS, DIM)
