@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Iterator, Sequence
 
+from tqdm import tqdm
+
 from llmpipe.config import EngineConfig
 from llmpipe.engine.engine import LLMEngine, PromptInput
 from llmpipe.errors import InvalidRequestError
@@ -19,23 +21,30 @@ class LLM:
     def __init__(self, model: str = "smollm2-135m-instruct", *, progress: bool = True, **engine_options):
         self.engine = LLMEngine(EngineConfig.from_kwargs(model=model, **engine_options), progress=progress)
         self._ids = itertools.count()
+        self.last_output: RequestOutput | None = None  # the finished output of the latest stream()
 
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 
     def generate(
-        self, prompts: PromptInput | Sequence[PromptInput], sampling_params: SamplingParams | None = None
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | None = None,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+        """Run every prompt to completion, all batched together; outputs come back in input order.
+        A progress bar counts finished requests when there are several."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
         ids = [self._add(prompt, params) for prompt in prompts]
         finished: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for output in self.engine.step():
-                if output.finished:
-                    finished[output.request_id] = output
+        with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm or len(ids) < 2) as bar:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
         return [finished[i] for i in ids]
 
     def chat(
@@ -57,7 +66,7 @@ class LLM:
     def stream(self, prompt: PromptInput, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of the first sample as it decodes, in UTF-8-safe deltas."""
         request_id = self._add(prompt, sampling_params or SamplingParams())
-        self.last_output: RequestOutput | None = None
+        self.last_output = None
         sent = 0
         try:
             while self.engine.has_unfinished_requests():

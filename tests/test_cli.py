@@ -45,3 +45,14 @@ def test_corrupt_gguf_is_one_line(tmp_path):
     result = run_cli("generate", "hello", "--model", str(bad))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "broken.gguf" in result.stderr
+
+
+def test_chat_repl_answers_each_turn(tiny_checkpoint):
+    result = subprocess.run(
+        [sys.executable, "-m", "llmpipe.cli", "chat", "--model", str(tiny_checkpoint("llama_gqa")),
+         "--max-tokens", "4", "--temperature", "0.8", "--seed", "3"],
+        input="the quick brown fox\nhow does inference work?\n/exit\n",
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("TTFT") == 2  # one streamed reply per turn

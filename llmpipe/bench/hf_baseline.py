@@ -35,6 +35,11 @@ def time_generate(model, input_ids: torch.Tensor, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def best_ttft(model, prompt_ids: list[int], trials: int) -> float:
+    input_ids = torch.tensor([prompt_ids])
+    return min(time_generate(model, input_ids, 1) for _ in range(trials))
+
+
 def measure(model, prompt_ids: list[int], new_tokens: int, batch: int = 1) -> dict:
     """TTFT (a 1-token generate) and decode tokens/s per sequence, from two timed runs."""
     input_ids = torch.tensor([prompt_ids] * batch)

@@ -74,10 +74,12 @@ def decode_attention(
     kv_heads, head_dim = kv_cache.shape[-2:]
     # index_select is several times cheaper per call than advanced indexing on CPU.
     blocks = kv_cache.index_select(1, meta.decode_block_tables.flatten()).view(2, batch, -1, kv_heads, head_dim)
-    keys = blocks[0, :, :length].transpose(1, 2)  # [batch, kv_heads, L, D]
-    values = blocks[1, :, :length].transpose(1, 2)
+    keys, values = blocks[0, :, :length], blocks[1, :, :length]  # [batch, L, kv_heads, D]
     grouped = q.view(batch, kv_heads, -1, head_dim)  # query heads sharing a KV head sit together
-    scores = torch.matmul(grouped, keys.transpose(2, 3)) * scale  # [batch, kv_heads, group, L]
+    # One bmm per KV head reads the gathered keys in place; a single 4-D matmul would copy them first.
+    scores = torch.stack(
+        [torch.bmm(grouped[:, h], keys[:, :, h].transpose(1, 2)) for h in range(kv_heads)], dim=1
+    ) * scale  # [batch, kv_heads, group, L]
     window_cuts = window is not None and length > window
     if window_cuts or not meta.decode_same_len:
         lens = meta.decode_context_lens[:, None]
@@ -87,7 +89,8 @@ def decode_attention(
             masked |= key_pos < lens - window
         scores.masked_fill_(masked[:, None, None, :], float("-inf"))
     probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
-    return torch.matmul(probs, values).reshape(batch, -1)
+    out = torch.stack([torch.bmm(probs[:, h], values[:, :, h]) for h in range(kv_heads)], dim=1)
+    return out.reshape(batch, -1)
 
 
 def prefill_attention(
