@@ -32,7 +32,7 @@ def run_batched(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[fl
 def _peak_stats(llm: LLM) -> dict:
     stats = llm.engine.stats()
     return {"kv_bytes_per_token": stats.kv_bytes_per_token, "num_blocks": stats.num_blocks,
-            "num_preemptions": stats.num_preemptions}
+            "peak_blocks_in_use": stats.peak_blocks_in_use, "num_preemptions": stats.num_preemptions}
 
 
 def run_one_at_a_time(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
@@ -109,8 +109,8 @@ def throughput_table(report: dict) -> str:
     if "speedup_vs_transformers" in report:
         lines.append(f"batched vs transformers: {report['speedup_vs_transformers']:.1f}x")
     b = report["batched"]
-    lines.append(f"KV bytes per token: {b['kv_bytes_per_token']:,}; blocks in pool: {b['num_blocks']}; "
-                 f"preemptions: {b['num_preemptions']}")
+    lines.append(f"KV bytes per token: {b['kv_bytes_per_token']:,}; blocks in use at peak: "
+                 f"{b['peak_blocks_in_use']} of {b['num_blocks']}; preemptions: {b['num_preemptions']}")
     if "prefix_ttft" in report:
         p = report["prefix_ttft"]
         lines.append(f"TTFT with a cached {report['prefix_len']}-token prefix: {p['cached'] * 1000:.0f} ms vs "

@@ -49,6 +49,7 @@ class BlockManager:
         self.cached: dict[int, int] = {}  # block hash → block id
         self.prefix_queries = 0  # prompt blocks looked up
         self.prefix_hits = 0  # prompt blocks served from the cache
+        self.peak_blocks_in_use = 0
 
     # ---- capacity ---------------------------------------------------------------------------
 
@@ -117,6 +118,7 @@ class BlockManager:
         if not self.free:
             raise NoFreeBlocksError("no free KV cache block")
         block_id, _ = self.free.popitem(last=False)
+        self.peak_blocks_in_use = max(self.peak_blocks_in_use, len(self.blocks) - len(self.free))
         block = self.blocks[block_id]
         if block.hash is not None and self.cached.get(block.hash) == block_id:
             del self.cached[block.hash]  # evict: its contents are about to be overwritten

@@ -39,6 +39,7 @@ class EngineStats:
     kv_cache_usage: float  # fraction of blocks in use
     num_blocks: int
     num_free_blocks: int
+    peak_blocks_in_use: int
     kv_bytes_per_token: int
     prefix_cache_queries: int  # prompt blocks looked up
     prefix_cache_hits: int  # prompt blocks served from the cache
@@ -94,6 +95,7 @@ class LLMEngine:
             kv_cache_usage=blocks.usage,
             num_blocks=blocks.num_blocks,
             num_free_blocks=blocks.num_free_blocks,
+            peak_blocks_in_use=blocks.peak_blocks_in_use,
             kv_bytes_per_token=self.runner.kv_cache.bytes_per_token,
             prefix_cache_queries=blocks.prefix_queries,
             prefix_cache_hits=blocks.prefix_hits,

@@ -46,6 +46,7 @@ def solo_runs(llm, batch, params):
 def assert_no_leak(llm) -> None:
     stats = llm.engine.stats()
     assert stats.num_free_blocks == stats.num_blocks and stats.kv_cache_usage == 0.0
+    assert stats.peak_blocks_in_use > 0
     assert stats.num_running == 0 and stats.num_waiting == 0
 
 
