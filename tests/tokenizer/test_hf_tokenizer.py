@@ -10,6 +10,7 @@ import pytest
 
 from llmpipe.errors import ModelLoadError
 from llmpipe.tokenizer import Tokenizer
+from tokenizer_helpers import assert_encodes_like_reference
 
 
 def test_hf_dir_special_tokens_match_transformers(tiny_tokenizer, tiny_reference):
@@ -27,9 +28,7 @@ def test_hf_dir_special_tokens_match_transformers(tiny_tokenizer, tiny_reference
 @pytest.mark.parametrize("add_special_tokens", [True, False])
 def test_hf_dir_encode_matches_transformers_on_varied_texts(tiny_tokenizer, tiny_reference, texts,
                                                             add_special_tokens):
-    expected = tiny_reference(texts, add_special_tokens=add_special_tokens)["input_ids"]
-    for text, ids in zip(texts, expected, strict=True):
-        assert tiny_tokenizer.encode(text, add_special_tokens=add_special_tokens) == ids, repr(text)
+    assert_encodes_like_reference(tiny_tokenizer, tiny_reference, texts, add_special_tokens)
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])

@@ -116,3 +116,10 @@ def varied_texts(count: int = 1200, seed: int = 0) -> list[str]:
     fixed = CODE + UNICODE + WHITESPACE + SPECIALS + ["", "a", "I'M HERE", "x" * 500, "🎉" * 50, "\n" * 40]
     generated = ["".join(_piece(rng) for _ in range(rng.randint(1, 6))) for _ in range(count - len(fixed))]
     return fixed + generated
+
+
+def assert_encodes_like_reference(ours, reference, texts, add_special_tokens: bool) -> None:
+    """Our encode equals the transformers tokenizer's on every text."""
+    expected = reference(texts, add_special_tokens=add_special_tokens)["input_ids"]
+    for text, ids in zip(texts, expected, strict=True):
+        assert ours.encode(text, add_special_tokens=add_special_tokens) == ids, repr(text)
