@@ -10,15 +10,28 @@ from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import RequestMetrics
 
 
+# Engine flags: each maps to the EngineConfig field of the same name in snake_case.
+ENGINE_FLAGS: dict[str, dict] = {
+    "--dtype": dict(default="float32", choices=["float32", "bfloat16", "float16"]),
+    "--max-model-len": dict(type=int, default=None),
+    "--kv-cache-memory": dict(default="1GiB", help="KV cache budget: bytes or a size like 512MiB, 2GiB"),
+    "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),
+    "--block-size": dict(type=int, default=16),
+    "--max-num-seqs": dict(type=int, default=128),
+    "--max-num-batched-tokens": dict(type=int, default=2048),
+    "--enable-prefix-caching": dict(action=argparse.BooleanOptionalAction, default=True),
+    "--num-threads": dict(type=int, default=None),
+}
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, Hugging Face directory or .gguf file")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--num-threads", type=int, default=None)
+    for flag, options in ENGINE_FLAGS.items():
+        parser.add_argument(flag, **options)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return dict(dtype=args.dtype, max_model_len=args.max_model_len, num_threads=args.num_threads)
+    return {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag in ENGINE_FLAGS}
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -130,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from llmpipe.bench.cli import add_bench_parser
 
-    add_bench_parser(sub, add_engine_args)
+    add_bench_parser(sub)
     return parser
 
 

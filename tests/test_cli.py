@@ -27,6 +27,7 @@ def test_generate_streams_text_and_timing(tiny_checkpoint):
         (["--model", "no-such-alias"], "no-such-alias"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "1.5"], "top_p"),
+        (["--kv-cache-memory", "lots"], "kv_cache_memory"),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(tiny_checkpoint, args, message):
@@ -56,3 +57,14 @@ def test_chat_repl_answers_each_turn(tiny_checkpoint):
     )
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("TTFT") == 2  # one streamed reply per turn
+
+
+def test_engine_flags_reach_the_engine(tiny_checkpoint):
+    result = run_cli("generate", "the quick brown fox", "--model", str(tiny_checkpoint("llama_gqa")), "--no-chat",
+                     "--max-tokens", "4", "--max-num-blocks", "8", "--block-size", "16", "--max-num-seqs", "2",
+                     "--max-num-batched-tokens", "32", "--no-enable-prefix-caching", "--kv-cache-memory", "64MiB")
+    assert result.returncode == 0, result.stderr
+    # A one-block pool of 4 tokens caps the context, so a 9-word prompt is refused: the flags took effect.
+    tiny_pool = run_cli("generate", "the quick brown fox jumps over the lazy dog", "--model",
+                        str(tiny_checkpoint("llama_gqa")), "--no-chat", "--max-num-blocks", "1", "--block-size", "4")
+    assert tiny_pool.returncode == 1 and "context limit" in tiny_pool.stderr

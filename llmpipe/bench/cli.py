@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Callable
 
 
-def add_bench_parser(sub, add_engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline measured in the same run")
     kinds = bench.add_subparsers(dest="bench", required=True)
 
