@@ -43,6 +43,8 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
         ),
     ),
     "mistral": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
+    # Window smaller than the test prompts, so it cuts in during prefill and decode.
+    "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
 }
