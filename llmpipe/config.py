@@ -41,7 +41,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     @property
-    def kv_bytes_per_token_per_element(self) -> int:
+    def kv_elements_per_token(self) -> int:
         """K and V entries stored per token: 2 × layers × kv_heads × head_dim."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
 

@@ -73,12 +73,13 @@ class BlockManager:
     def can_allocate(self, seq: PagedSequence) -> bool:
         return self.blocks_needed(len(seq.all_token_ids)) <= len(self.free)
 
-    def allocate(self, seq: PagedSequence) -> None:
-        """Give seq blocks for all its current tokens, reusing cached full blocks of its longest prefix."""
+    def allocate(self, seq: PagedSequence, reuse_prefix: bool = True) -> None:
+        """Give seq blocks for all its current tokens, reusing cached full blocks of its longest prefix
+        (unless reuse_prefix is False: fresh blocks for a from-scratch computation)."""
         assert not seq.block_table, "sequence already has blocks"
         tokens = seq.all_token_ids
         parent: int | None = None
-        hitting = self.enable_prefix_caching
+        hitting = self.enable_prefix_caching and reuse_prefix
         seq.num_cached_tokens = seq.num_hashed_blocks = 0
         for start in range(0, len(tokens), self.block_size):
             chunk = tokens[start : start + self.block_size]

@@ -263,11 +263,13 @@ class LLMEngine:
 
     def _record_logprobs(self, seq: Sequence, token: int, info: tuple[float, int, list[tuple[int, float]]]) -> None:
         logprob, rank, top = info
-        decode = (lambda t: self.tokenizer.decode([t], skip_special_tokens=False)) if self.tokenizer else (lambda t: None)
-        entry = {tid: Logprob(lp, r + 1, decode(tid)) for r, (tid, lp) in enumerate(top)}
-        entry[token] = Logprob(logprob, rank, decode(token))
+        entry = {tid: Logprob(lp, r + 1, self._token_text(tid)) for r, (tid, lp) in enumerate(top)}
+        entry[token] = Logprob(logprob, rank, self._token_text(token))
         seq.logprobs.append(entry)
         seq.cumulative_logprob += logprob
+
+    def _token_text(self, token: int) -> str | None:
+        return self.tokenizer.decode([token], skip_special_tokens=False) if self.tokenizer else None
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         """Record the token, stream its text, and decide whether the sequence is done."""
@@ -294,10 +296,8 @@ class LLMEngine:
         scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None, None)
         if not self.block_manager.can_allocate(scratch):
             raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
-        saved, self.block_manager.enable_prefix_caching = self.block_manager.enable_prefix_caching, False
+        self.block_manager.allocate(scratch, reuse_prefix=False)
         try:
-            self.block_manager.allocate(scratch)
             return self.runner.score(token_ids, scratch.block_table, last_only)
         finally:
-            self.block_manager.enable_prefix_caching = saved
             self.block_manager.free_sequence(scratch)

@@ -10,7 +10,7 @@ from llmpipe.config import ModelConfig
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """2 (K and V) × layers × kv_heads × head_dim × bytes per element."""
-    return cfg.kv_bytes_per_token_per_element * torch.empty((), dtype=dtype).element_size()
+    return cfg.kv_elements_per_token * torch.empty((), dtype=dtype).element_size()
 
 
 def num_blocks_for(memory_bytes: int, cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
@@ -26,7 +26,3 @@ class PagedKVCache:
 
     def copy_block(self, src: int, dst: int) -> None:
         self.tensor[:, :, dst] = self.tensor[:, :, src]
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()

@@ -30,21 +30,25 @@ class ModelRunner:
     def score(self, token_ids: list[int], block_table: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits [T, vocab] at every position (or [1, vocab] at the last) of a sequence computed
         from scratch into block_table."""
-        table = torch.tensor(block_table, device=self.device)
-        positions = torch.arange(len(token_ids), device=self.device)
-        chunk = PrefillChunk(0, len(token_ids), len(token_ids), table)
-        meta = AttentionMetadata(self._slots(table, positions), 0, None, None, [chunk])
+        slots, chunk = self._chunk(block_table, 0, len(token_ids), token_start=0)
+        meta = AttentionMetadata(slots, 0, None, None, [chunk])
         ids = torch.tensor(token_ids, device=self.device)
-        hidden = self.model(ids, positions, self.kv_cache.layers, meta)
+        hidden = self.model(ids, torch.arange(len(token_ids), device=self.device), self.kv_cache.layers, meta)
         return self.model.compute_logits(hidden[-1:] if last_only else hidden)
 
-    def _slots(self, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return table[positions // self.block_size] * self.block_size + positions % self.block_size
+    def _chunk(self, block_table: list[int], start: int, end: int, token_start: int) -> tuple[torch.Tensor, PrefillChunk]:
+        """Cache slots of positions start..end of a sequence, and its prefill-chunk metadata."""
+        table = torch.tensor(block_table, device=self.device)
+        positions = torch.arange(start, end, device=self.device)
+        slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
+        return slots, PrefillChunk(token_start, token_start + end - start, end, table)
 
     def _prepare(self, batch: SchedulerOutput):
         ids: list[int] = [seq.all_token_ids[-1] for seq in batch.decodes]
         positions: list[int] = [seq.num_tokens - 1 for seq in batch.decodes]
-        slots: list[torch.Tensor] = []
+        size = self.block_size
+        decode_slots = [seq.block_table[p // size] * size + p % size for seq, p in zip(batch.decodes, positions)]
+        slots: list[torch.Tensor] = [torch.tensor(decode_slots, dtype=torch.long, device=self.device)]
         decode_tables = decode_lens = None
         lens = [seq.num_tokens for seq in batch.decodes]
         if batch.decodes:
@@ -52,19 +56,16 @@ class ModelRunner:
             padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.decodes]
             decode_tables = torch.tensor(padded, device=self.device)
             decode_lens = torch.tensor(lens, device=self.device)
-            pos = decode_lens - 1
-            slots.append(decode_tables.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size + pos % self.block_size)
         logit_rows = list(range(len(batch.decodes)))
         chunks = []
         for item in batch.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
-            token_start = len(ids)
+            chunk_slots, chunk = self._chunk(seq.block_table, start, end, token_start=len(ids))
             ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
-            table = torch.tensor(seq.block_table, device=self.device)
-            slots.append(self._slots(table, torch.arange(start, end, device=self.device)))
-            chunks.append(PrefillChunk(token_start, len(ids), end, table))
+            slots.append(chunk_slots)
+            chunks.append(chunk)
             if item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
         meta = AttentionMetadata(
