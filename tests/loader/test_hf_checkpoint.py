@@ -55,7 +55,7 @@ def test_config_matches_the_transformers_config(name, tiny_checkpoint, transform
     assert config.rope_scaling == (None if rope["rope_type"] == "default" else rope)
     assert config.attention_bias == (hf.model_type == "qwen2")
     assert config.qk_norm == (hf.model_type == "qwen3")
-    assert config.sliding_window is None
+    assert config.sliding_window == (hf.sliding_window if hf.model_type == "mistral" else None)
     assert config.eos_token_ids == (2,)
     assert checkpoint.path == tiny_checkpoint(name).resolve()
     assert checkpoint.file_bytes == (checkpoint.path / "model.safetensors").stat().st_size
