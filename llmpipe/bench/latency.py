@@ -6,6 +6,7 @@ KV cache on/off) and transformers' generate() on the same weights.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import time
@@ -28,20 +29,26 @@ class Variant:
     name: str
     dtype: str = "float32"
     kv_cache: bool = True
+    quantization: str | None = None  # None: float weights in `dtype`; "auto": a GGUF's Q4/Q8 kept as stored
+    kv_cache_dtype: str = "auto"
+
+    def engine_options(self, group_size: int) -> dict:
+        return dict(dtype=self.dtype, kv_cache=self.kv_cache, quantization=self.quantization,
+                    group_size=group_size, kv_cache_dtype=self.kv_cache_dtype)
 
 
 TTFT_TRIALS = 3  # TTFT is the best of a few prefills (distinct prompts, so no prefix-cache hit)
 
 
-def best_ttft(llm: LLM, length: int) -> float:
+def ttft_samples(llm: LLM, length: int) -> list[float]:
     vocab = llm.engine.config.model_config.vocab_size
-    return min(run_llmpipe(llm, random_prompt(vocab, length, seed=100 + t), 1)["ttft_s"] for t in range(TTFT_TRIALS))
+    return [run_llmpipe(llm, random_prompt(vocab, length, seed=100 + t), 1)["ttft_s"] for t in range(TTFT_TRIALS)]
 
 
 def run_llmpipe(llm: LLM, prompt_ids: list[int], new_tokens: int) -> dict:
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     out = llm.generate([{"prompt_token_ids": prompt_ids}], params)[0]
-    return {"ttft_s": out.metrics.ttft, "decode_tokens_per_s": out.metrics.decode_tokens_per_s}
+    return {"ttft_s": out.metrics.ttft, "decode_tokens_per_s": out.metrics.decode_tokens_per_s, "itl_s": out.metrics.itl}
 
 
 def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, samples: int = 8) -> float:
@@ -58,17 +65,35 @@ def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, sa
     return 1.0 / (sum(step_times) / len(step_times))
 
 
+def batch_throughput(llm: LLM, batch: int, new_tokens: int) -> float:
+    """Output tokens/s of `batch` 16-token prompts decoded together (continuous batching)."""
+    vocab = llm.engine.config.model_config.vocab_size
+    prompts = [{"prompt_token_ids": random_prompt(vocab, 16, seed=200 + i)} for i in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+
+
 def bench_variant(args, variant: Variant, prompts: dict) -> dict:
-    llm = LLM(args.model, dtype=variant.dtype, kv_cache=variant.kv_cache, progress=False)
-    result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes}
+    llm = LLM(args.model, progress=False, **variant.engine_options(args.group_size))
+    result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes,
+                    "kv_bytes_per_token": llm.engine.stats().kv_bytes_per_token}
     if variant.kv_cache:
-        result["ttft_s"] = best_ttft(llm, len(prompts["long"]))
+        ttfts = ttft_samples(llm, len(prompts["long"]))
+        result["ttft_s"] = min(ttfts)
+    runs = {}
     for n in args.output_lens:
         if variant.kv_cache or n <= args.max_full_recompute:
-            result[f"decode_{n}"] = run_llmpipe(llm, prompts["short"], n)["decode_tokens_per_s"]
+            runs[n] = run_llmpipe(llm, prompts["short"], n)
+            result[f"decode_{n}"] = runs[n]["decode_tokens_per_s"]
         else:
             result[f"decode_{n}"] = estimate_recompute_rate(llm, prompts["short"], n)
             result[f"decode_{n}_estimated"] = True
+    if args.batch_size and variant.kv_cache:
+        result[f"batch_{args.batch_size}_tokens_per_s"] = batch_throughput(llm, args.batch_size, min(args.output_lens))
+    if args.plot and variant.kv_cache:  # the samples the figure draws
+        result |= {"ttft_samples_s": ttfts, "itl_samples_s": runs[max(args.output_lens)]["itl_s"]}
     del llm
     gc.collect()
     return result
@@ -88,14 +113,29 @@ def bench_transformers(args, path: Path, prompts: dict) -> dict:
 VARIANTS = {
     "float32": Variant("float32"),
     "bfloat16": Variant("bfloat16", dtype="bfloat16"),
+    "int8": Variant("int8", quantization="int8"),
+    "int4": Variant("int4", quantization="int4"),
+    "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # Q4_0 / Q4_1 / Q8_0 kept as stored
+    "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
+    "kv-int4": Variant("kv-int4", kv_cache_dtype="int4"),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
 }
 
 
+def selected_variants(args) -> list[Variant]:
+    """The named variants, plus one built from --quantization / --kv-cache-dtype when given."""
+    variants = [VARIANTS[name] for name in args.variants]
+    if args.quantization or args.kv_cache_dtype != "auto":
+        name = f"{args.quantization or 'float32'} kv-{args.kv_cache_dtype}"
+        variants.append(Variant(name, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
+    return variants
+
+
 def run(args) -> dict:
-    probe = LLM(args.model, progress=True)
+    probe = LLM(args.model, progress=True, dtype="float32")  # float weights: the transformers roofline
     vocab = probe.engine.config.model_config.vocab_size
     path = probe.engine.checkpoint_path
+    model_config = dataclasses.asdict(probe.engine.config.model_config)
     f32_bytes = probe.engine.weight_bytes
     del probe
     prompts = {"long": random_prompt(vocab, args.prompt_len), "short": random_prompt(vocab, 16)}
@@ -104,18 +144,22 @@ def run(args) -> dict:
         "model": args.model,
         "threads": torch.get_num_threads(),
         "memory_bandwidth_GBps": bandwidth / 1e9,
+        "matmul_GFLOPs": roofline.matmul_flops() / 1e9,
+        "model_config": model_config,
+        "decode_prompt_len": len(prompts["short"]),
         "prompt_len": args.prompt_len,
         "output_lens": args.output_lens,
         "results": [],
     }
-    names = args.variants
-    steps = tqdm(names + ([] if args.no_baseline else ["transformers"]), desc="bench latency", unit="variant")
-    for name in steps:
-        steps.set_postfix_str(name)
-        if name == "transformers":
+    variants = selected_variants(args)
+    steps = tqdm(variants + ([] if args.no_baseline else ["transformers"]), desc="bench latency", unit="variant")
+    for variant in steps:
+        if variant == "transformers":
+            steps.set_postfix_str(variant)
             report["results"].append(bench_transformers(args, path, prompts))
         else:
-            report["results"].append(bench_variant(args, VARIANTS[name], prompts))
+            steps.set_postfix_str(variant.name)
+            report["results"].append(bench_variant(args, variant, prompts))
     add_ratios(report, f32_bytes)
     return report
 
@@ -140,25 +184,39 @@ def add_ratios(report: dict, f32_bytes: int) -> None:
         report["kv_cache_speedup"] = {
             n: cached[f"decode_{n}"] / recompute[f"decode_{n}"] for n in report["output_lens"]
         }
+    if cached:
+        rates = [f"decode_{n}" for n in report["output_lens"]] + [k for k in cached if k.startswith("batch_")]
+        for r in report["results"]:
+            for key in rates:
+                if r.get(key) and cached.get(key) and not r["variant"].startswith("transformers"):
+                    r[f"{key}_vs_float32"] = r[key] / cached[key]
 
 
 def latency_table(report: dict) -> str:
     lens = report["output_lens"]
-    header = ["variant", f"TTFT {report['prompt_len']} (ms)"]
+    batch_key = next((k for k in report["results"][0] if k.startswith("batch_") and k.endswith("_per_s")), None)
+    header = ["variant", "weights MB", f"TTFT {report['prompt_len']} (ms)"]
     for n in lens:
-        header += [f"decode@{n} tok/s", "vs HF", "of roofline"]
+        header += [f"decode@{n} tok/s", "vs f32", "vs HF", "of roofline"]
+    if batch_key:
+        header += [f"batch-{batch_key.split('_')[1]} tok/s", "vs f32"]
     rows = [header]
     for r in report["results"]:
         ttft = r.get("ttft_s")
-        row = [r["variant"], f"{ttft * 1000:.0f}" if ttft else "-"]
+        weights = r.get("weight_bytes")
+        row = [r["variant"], f"{weights / 1e6:.0f}" if weights else "-", f"{ttft * 1000:.0f}" if ttft else "-"]
         for n in lens:
             rate = r.get(f"decode_{n}")
             mark = "~" if r.get(f"decode_{n}_estimated") else ""
             row += [
                 f"{mark}{rate:.1f}" if rate else "-",
+                f"{r[f'decode_{n}_vs_float32']:.2f}x" if f"decode_{n}_vs_float32" in r else "-",
                 f"{r[f'decode_{n}_vs_transformers']:.2f}x" if f"decode_{n}_vs_transformers" in r else "-",
                 f"{r[f'decode_{n}_vs_roofline']:.0%}" if f"decode_{n}_vs_roofline" in r else "-",
             ]
+        if batch_key:
+            rate, ratio = r.get(batch_key), r.get(f"{batch_key}_vs_float32")
+            row += [f"{rate:.1f}" if rate else "-", f"{ratio:.2f}x" if ratio else "-"]
         rows.append(row)
     lines = [format_table(rows)]
     lines.append(f"memory bandwidth (streaming read, measured now): {report['memory_bandwidth_GBps']:.1f} GB/s")
@@ -172,3 +230,7 @@ def main(args) -> None:
     report = run(args)
     print(latency_table(report))
     print(f"wrote {write_json(args.output, report)}")
+    if args.plot:
+        from llmpipe.bench import plots
+
+        print(f"wrote {plots.save(plots.latency_figure(report), args.plot)}")

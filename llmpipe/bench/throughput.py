@@ -3,6 +3,7 @@ generate(), all on the same random prompts in one run; and TTFT with and without
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 
@@ -10,6 +11,7 @@ import torch
 
 from llmpipe.bench.report import format_table, random_prompt, write_json
 from llmpipe.llm import LLM
+from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 
 
@@ -22,11 +24,11 @@ def _rates(num_prompts: int, input_len: int, output_len: int, seconds: float) ->
     }
 
 
-def run_batched(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, dict]:
+def run_batched(llm: LLM, prompts: list[list[int]], output_len: int) -> tuple[float, dict, list[RequestOutput]]:
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
     start = time.perf_counter()
-    llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    return time.perf_counter() - start, _peak_stats(llm)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return time.perf_counter() - start, _peak_stats(llm), outputs
 
 
 def _peak_stats(llm: LLM) -> dict:
@@ -69,6 +71,20 @@ def prefix_ttft(args, vocab: int) -> dict:
     return result
 
 
+def plot_inputs(args, llm: LLM, outputs: list[RequestOutput]) -> dict:
+    """What the figure draws beyond the table: the batched requests' timings, the model, this machine's limits."""
+    from llmpipe.diagnose.local import measure_limits, time_split
+
+    split, limits = time_split(outputs, 0.0), measure_limits(llm.engine.config.torch_dtype)
+    samples = {"ttft_samples_s": [out.metrics.ttft for out in outputs],
+               "itl_samples_s": [gap for out in outputs for gap in out.metrics.itl],
+               "mean_itl_s": split.mean_itl_s, "prefill_wall_s": split.prefill_wall_s}
+    return {
+        "model_config": dataclasses.asdict(llm.engine.config.model_config), "weight_bytes": llm.engine.weight_bytes,
+        "peak_batch": min(args.num_prompts, args.max_num_seqs), "max_num_batched_tokens": args.max_num_batched_tokens,
+        "memory_bandwidth_GBps": limits.bandwidth / 1e9, "matmul_GFLOPs": limits.flops / 1e9, "samples": samples}
+
+
 def run(args) -> dict:
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens)
@@ -77,8 +93,10 @@ def run(args) -> dict:
     n, i, o = args.num_prompts, args.input_len, args.output_len
     report: dict = {"model": args.model, "dtype": args.dtype, "num_prompts": n, "input_len": i, "output_len": o,
                     "prefix_len": args.prefix_len}
-    seconds, stats = run_batched(llm, prompts, o)
+    seconds, stats, outputs = run_batched(llm, prompts, o)
     report["batched"] = {**_rates(n, i, o, seconds), **stats}
+    if args.plot:
+        report |= plot_inputs(args, llm, outputs)
     sequential = prompts[: args.sequential_prompts]
     report["one_at_a_time"] = _rates(len(sequential), i, o, run_one_at_a_time(llm, sequential, o))
     report["one_at_a_time"]["num_prompts_measured"] = len(sequential)
@@ -122,3 +140,7 @@ def main(args) -> None:
     report = run(args)
     print(throughput_table(report))
     print(f"wrote {write_json(args.output, report)}")
+    if args.plot:
+        from llmpipe.bench import plots
+
+        print(f"wrote {plots.save(plots.throughput_figure(report), args.plot)}")

@@ -1,10 +1,15 @@
 """BlockManager: the paged KV cache's bookkeeping (which block holds which tokens of which sequence).
 
-The cache is a pool of fixed-size blocks. A sequence owns a block table (list of block ids).
-Blocks are reference-counted so n > 1 samples share their prompt's full blocks. A full block is
-hashed from its parent block's hash and its token ids; a later sequence with the same prefix reuses
-it (after comparing the tokens, so a hash collision can never serve wrong K/V). Freed blocks keep
-their contents and stay hittable until they are handed out again, least recently freed first.
+The cache is one pool of fixed-size blocks shared by the KV cache groups (engine/kv_cache_spec.py).
+A sequence owns one block table per group. Blocks are reference-counted so n > 1 samples share
+their prompt's full blocks. A full block is hashed from its parent block's hash and its token ids;
+a later sequence with the same prefix reuses it (after comparing the tokens, so a hash collision
+can never serve wrong K/V). Freed blocks keep their contents and stay hittable until they are
+handed out again, least recently freed first.
+
+Blocks are given out per step, for the tokens scheduled. A sliding-window group frees the blocks
+that no later query of the sequence can reach, so its table starts at an offset; a prefix is
+reusable only as far as every group still has the blocks its next query reads.
 """
 
 from __future__ import annotations
@@ -13,12 +18,31 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from llmpipe.engine.kv_cache_spec import KVCacheSpec
+
+
+@dataclass
+class BlockTable:
+    """One group's blocks of a sequence: ids[i] holds tokens of block offset + i; blocks below the
+    offset fell out of the group's window and were freed."""
+
+    offset: int = 0
+    ids: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return self.offset + len(self.ids)
+
+    def block_of(self, position: int, block_size: int) -> int:
+        return self.ids[position // block_size - self.offset]
+
 
 class PagedSequence(Protocol):
     """What the block manager needs from a sequence."""
 
-    block_table: list[int]
+    block_tables: list[BlockTable]
+    block_hashes: list[int]
     all_token_ids: list[int]
+    num_computed_tokens: int
     num_cached_tokens: int
     num_hashed_blocks: int
 
@@ -27,8 +51,15 @@ class PagedSequence(Protocol):
 class Block:
     block_id: int
     ref_count: int = 0
-    hash: int | None = None  # set once the block is full and registered in the prefix cache
+    hash: int | None = None  # set once the block is full and registered in its group's prefix cache
     token_ids: tuple[int, ...] = field(default=())
+    group: int = 0  # the group whose prefix cache lists it
+
+
+@dataclass
+class PrefixHit:
+    num_tokens: int  # tokens served from the cache
+    tables: list[BlockTable]  # per group, the cached blocks the sequence's next queries read
 
 
 def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:
@@ -40,13 +71,17 @@ class NoFreeBlocksError(RuntimeError):
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        specs: Sequence[KVCacheSpec] = (KVCacheSpec(None),),
+    ):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.specs = list(specs)  # one per KV cache group
         self.blocks = [Block(i) for i in range(num_blocks)]
         # Blocks with ref_count 0, oldest-freed first; an OrderedDict gives O(1) removal on a cache hit.
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
-        self.cached: dict[int, int] = {}  # block hash → block id
+        self.cached: list[dict[int, int]] = [{} for _ in self.specs]  # per group: block hash → block id
         self.prefix_queries = 0  # prompt blocks looked up
         self.prefix_hits = 0  # prompt blocks served from the cache
         self.peak_blocks_in_use = 0
@@ -65,49 +100,166 @@ class BlockManager:
     def usage(self) -> float:
         return 1.0 - len(self.free) / len(self.blocks)
 
-    def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+    def _span(self, spec: KVCacheSpec, start: int, end: int) -> tuple[int, int]:
+        """Blocks [first, last) that computing positions start..end-1 reads or writes."""
+        return spec.first_needed_block(start, self.block_size), -(-end // self.block_size)
 
-    # ---- allocation -------------------------------------------------------------------------
+    def _missing(self, spec: KVCacheSpec, table: BlockTable, start: int, end: int) -> int:
+        first, last = self._span(spec, start, end)
+        return max(0, table.offset - first) + max(0, last - max(len(table), first))  # as reserve() adds them
 
-    def can_allocate(self, seq: PagedSequence) -> bool:
-        return self.blocks_needed(len(seq.all_token_ids)) <= len(self.free)
+    # ---- admission: prefix-cache lookup, then blocks for the first chunk ----------------------
 
-    def allocate(self, seq: PagedSequence, reuse_prefix: bool = True) -> None:
-        """Give seq blocks for all its current tokens, reusing cached full blocks of its longest prefix
-        (unless reuse_prefix is False: fresh blocks for a from-scratch computation)."""
-        assert not seq.block_table, "sequence already has blocks"
-        tokens = seq.all_token_ids
-        parent: int | None = None
-        hitting = self.enable_prefix_caching and reuse_prefix
-        seq.num_cached_tokens = seq.num_hashed_blocks = 0
-        for start in range(0, len(tokens), self.block_size):
-            chunk = tokens[start : start + self.block_size]
-            full = len(chunk) == self.block_size
-            block_id = None
-            # The last token is always computed (its logits are needed), so never serve it from cache.
-            if hitting and full and start + self.block_size < len(tokens):
-                h = block_hash(parent, chunk)
-                self.prefix_queries += 1
-                block_id = self._lookup(h, chunk)
-                parent = h
-                if block_id is None:
-                    hitting = False
-                else:
-                    self.prefix_hits += 1
-                    seq.num_cached_tokens += self.block_size
-                    seq.num_hashed_blocks += 1
-            if block_id is None:
-                block_id = self._take_free_block()
-            else:
-                self._ref(block_id)
-            seq.block_table.append(block_id)
+    def prefix_hit(self, seq: PagedSequence) -> PrefixHit:
+        """The longest cached prefix of seq's tokens that every group can serve (the last token is
+        always computed: its logits are needed). Only looks; allocate() takes the blocks."""
+        if not self.enable_prefix_caching:
+            return PrefixHit(0, [BlockTable() for _ in self.specs])
+        hashes = self._hashes(seq, (len(seq.all_token_ids) - 1) // self.block_size)
+        k = len(hashes)
+        # A block some group needs for a k-block prefix and lacks is needed by every longer prefix
+        # too (a window's first needed block only moves forward), so k drops below it.
+        while k and (miss := self._highest_miss(seq, hashes, k)) is not None:
+            k = miss
+        tables = []
+        for group, spec in enumerate(self.specs):
+            first = spec.first_needed_block(k * self.block_size, self.block_size)
+            tables.append(BlockTable(first, [self._lookup(group, i, hashes, seq) for i in range(first, k)]))
+        return PrefixHit(k * self.block_size, tables)
 
-    def _lookup(self, h: int, chunk: Sequence[int]) -> int | None:
-        block_id = self.cached.get(h)
-        if block_id is None or self.blocks[block_id].token_ids != tuple(chunk):
+    def _highest_miss(self, seq: PagedSequence, hashes: list[int], k: int) -> int | None:
+        misses = []
+        for group, spec in enumerate(self.specs):
+            first = spec.first_needed_block(k * self.block_size, self.block_size)
+            misses.append(next((i for i in range(k - 1, first - 1, -1) if self._lookup(group, i, hashes, seq) is None), None))
+        return max((m for m in misses if m is not None), default=None)
+
+    def _lookup(self, group: int, index: int, hashes: list[int], seq: PagedSequence) -> int | None:
+        block_id = self.cached[group].get(hashes[index])
+        if block_id is None:
             return None
-        return block_id
+        chunk = seq.all_token_ids[index * self.block_size : (index + 1) * self.block_size]
+        return block_id if self.blocks[block_id].token_ids == tuple(chunk) else None
+
+    def can_allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> bool:
+        """Room for the hit's blocks (those sitting in the free list leave it) and the first chunk."""
+        start = hit.num_tokens
+        taken = sum(self.blocks[b].ref_count == 0 for table in hit.tables for b in table.ids)
+        new = sum(self._missing(s, t, start, start + num_new_tokens) for s, t in zip(self.specs, hit.tables))
+        return taken + new <= len(self.free)
+
+    def allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> None:
+        """Take the hit's blocks and fresh ones for the next num_new_tokens tokens."""
+        assert not seq.block_tables, "sequence already has blocks"
+        for table in hit.tables:
+            for block_id in table.ids:
+                self._ref(block_id)
+        seq.block_tables = hit.tables
+        seq.num_cached_tokens = seq.num_computed_tokens = hit.num_tokens
+        seq.num_hashed_blocks = hit.num_tokens // self.block_size
+        if self.enable_prefix_caching:
+            self.prefix_queries += (len(seq.all_token_ids) - 1) // self.block_size
+            self.prefix_hits += seq.num_hashed_blocks
+        self.reserve(seq, num_new_tokens)
+
+    # ---- each step: free what the window left behind, add blocks for the scheduled tokens -----
+
+    def free_out_of_window(self, seq: PagedSequence) -> None:
+        """Free every block no query from seq.num_computed_tokens on can read (window groups only)."""
+        for spec, table in zip(self.specs, seq.block_tables):
+            first = spec.first_needed_block(seq.num_computed_tokens, self.block_size)
+            if first > table.offset:
+                drop = min(first, len(table)) - table.offset
+                self._release(table.ids[:drop])
+                table.ids, table.offset = table.ids[drop:], table.offset + drop
+
+    def can_reserve(self, seq: PagedSequence, num_new_tokens: int) -> bool:
+        start = seq.num_computed_tokens
+        new = sum(self._missing(s, t, start, start + num_new_tokens) for s, t in zip(self.specs, seq.block_tables))
+        return new <= len(self.free)
+
+    def reserve(self, seq: PagedSequence, num_new_tokens: int) -> None:
+        """Blocks for positions num_computed_tokens .. + num_new_tokens - 1 in every group (and the
+        window before them). A table that starts past what is needed (a recomputation) grows back."""
+        start = seq.num_computed_tokens
+        for spec, table in zip(self.specs, seq.block_tables):
+            first, last = self._span(spec, start, start + num_new_tokens)
+            if first < table.offset:
+                table.ids[:0] = [self._take_free_block() for _ in range(table.offset - first)]
+                table.offset = first
+            while len(table) < last:
+                table.ids.append(self._take_free_block())
+
+    def register_full_blocks(self, seq: PagedSequence, num_computed_tokens: int) -> None:
+        """Hash every held block whose tokens are all computed, so later requests can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        full = num_computed_tokens // self.block_size
+        hashes = self._hashes(seq, full)
+        tokens, size = seq.all_token_ids, self.block_size
+        for index in range(seq.num_hashed_blocks, full):
+            chunk = tuple(tokens[index * size : (index + 1) * size])
+            for group, table in enumerate(seq.block_tables):
+                if table.offset <= index < len(table):
+                    block = self.blocks[table.ids[index - table.offset]]
+                    if block.hash is None:
+                        block.hash, block.token_ids, block.group = hashes[index], chunk, group
+                        self.cached[group].setdefault(block.hash, block.block_id)
+        seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
+
+    def _hashes(self, seq: PagedSequence, count: int) -> list[int]:
+        """Hashes of seq's first `count` full blocks, computed once per sequence."""
+        hashes, tokens, size = seq.block_hashes, seq.all_token_ids, self.block_size
+        while len(hashes) < count:
+            index = len(hashes)
+            hashes.append(block_hash(hashes[-1] if hashes else None, tokens[index * size : (index + 1) * size]))
+        return hashes
+
+    # ---- n > 1, release ----------------------------------------------------------------------
+
+    def can_fork(self, parent: PagedSequence) -> bool:
+        full = len(parent.all_token_ids) // self.block_size
+        return sum(len(table) > full for table in parent.block_tables) <= len(self.free)
+
+    def fork(self, parent: PagedSequence, child: PagedSequence) -> list[tuple[int, int]]:
+        """Child shares parent's full blocks; a partial last block is copied (copy-on-write done at once).
+        Returns the (source, destination) block ids the caller must copy."""
+        full = len(parent.all_token_ids) // self.block_size
+        copies = []
+        child.block_tables = []
+        for table in parent.block_tables:
+            shared = table.ids[: max(0, full - table.offset)]
+            for block_id in shared:
+                self._ref(block_id)
+            mine = BlockTable(table.offset, list(shared))
+            if len(table) > max(full, table.offset):
+                mine.ids.append(self._take_free_block())
+                copies.append((table.ids[-1], mine.ids[-1]))
+            child.block_tables.append(mine)
+        child.block_hashes = list(parent.block_hashes)
+        child.num_cached_tokens = parent.num_cached_tokens
+        child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
+        return copies
+
+    def free_sequence(self, seq: PagedSequence) -> None:
+        for table in seq.block_tables:
+            self._release(table.ids)
+        seq.block_tables = []
+        seq.num_hashed_blocks = 0
+
+    def blocks_held(self, seq: PagedSequence) -> int:
+        return sum(len(table.ids) for table in seq.block_tables)
+
+    # ---- the free list -----------------------------------------------------------------------
+
+    def _release(self, block_ids: list[int]) -> None:
+        """Drop one reference to each; the last blocks of a sequence are freed first, so its prefix
+        is the last to be evicted."""
+        for block_id in reversed(block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free[block_id] = None
 
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -121,54 +273,7 @@ class BlockManager:
         block_id, _ = self.free.popitem(last=False)
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, len(self.blocks) - len(self.free))
         block = self.blocks[block_id]
-        if block.hash is not None and self.cached.get(block.hash) == block_id:
-            del self.cached[block.hash]  # evict: its contents are about to be overwritten
+        if block.hash is not None and self.cached[block.group].get(block.hash) == block_id:
+            del self.cached[block.group][block.hash]  # evict: its contents are about to be overwritten
         block.hash, block.token_ids, block.ref_count = None, (), 1
         return block_id
-
-    def can_append(self, seq: PagedSequence) -> bool:
-        """Room for one more token: either space in the last block or one free block."""
-        return len(seq.all_token_ids) <= len(seq.block_table) * self.block_size or bool(self.free)
-
-    def append_slot(self, seq: PagedSequence) -> None:
-        """Make sure the block table covers every token (called before computing the newest one)."""
-        while len(seq.block_table) * self.block_size < len(seq.all_token_ids):
-            seq.block_table.append(self._take_free_block())
-
-    def register_full_blocks(self, seq: PagedSequence, num_computed_tokens: int) -> None:
-        """Hash every block whose tokens are all computed, so later requests can reuse it."""
-        if not self.enable_prefix_caching:
-            return
-        tokens = seq.all_token_ids
-        for index in range(seq.num_hashed_blocks, num_computed_tokens // self.block_size):
-            block = self.blocks[seq.block_table[index]]
-            parent = self.blocks[seq.block_table[index - 1]].hash if index else None
-            if block.hash is None:
-                chunk = tokens[index * self.block_size : (index + 1) * self.block_size]
-                block.hash, block.token_ids = block_hash(parent, chunk), tuple(chunk)
-                self.cached.setdefault(block.hash, block.block_id)
-        seq.num_hashed_blocks = max(seq.num_hashed_blocks, num_computed_tokens // self.block_size)
-
-    def fork(self, parent: PagedSequence, child: PagedSequence) -> tuple[int, int] | None:
-        """Child shares parent's full blocks; a partial last block is copied (copy-on-write done at once).
-        Returns (source, destination) block ids the caller must copy, or None."""
-        full = len(parent.all_token_ids) // self.block_size
-        for block_id in parent.block_table[:full]:
-            self._ref(block_id)
-        child.block_table = list(parent.block_table[:full])
-        child.num_cached_tokens = parent.num_cached_tokens
-        child.num_hashed_blocks = min(parent.num_hashed_blocks, full)
-        if full == len(parent.block_table):
-            return None
-        copy = self._take_free_block()
-        child.block_table.append(copy)
-        return parent.block_table[full], copy
-
-    def free_sequence(self, seq: PagedSequence) -> None:
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
-        seq.block_table = []
-        seq.num_hashed_blocks = 0

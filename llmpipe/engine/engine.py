@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Iterator
 
 import torch
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.block_manager import BlockManager
-from llmpipe.engine.kv_cache import num_blocks_for
+from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
+from llmpipe.engine.kv_cache import kv_bytes_per_token
+from llmpipe.engine.kv_cache_spec import kv_cache_layout
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.sequence import Request, Sequence, SequenceStatus
@@ -40,12 +43,16 @@ class EngineStats:
     num_blocks: int
     num_free_blocks: int
     peak_blocks_in_use: int
+    # Bytes a token adds to a sequence's cache once it is longer than every window: the layers that
+    # keep all tokens (all layers for a model without windows). Window layers hold ~W tokens instead.
     kv_bytes_per_token: int
     prefix_cache_queries: int  # prompt blocks looked up
     prefix_cache_hits: int  # prompt blocks served from the cache
     num_preemptions: int
     num_prefill_tokens: int  # prompt tokens actually computed (cache hits excluded)
     num_generation_tokens: int
+    kv_bytes_in_use: int = 0  # bytes of the blocks in use
+    kv_bytes_per_seq: dict[str, int] = field(default_factory=dict)  # running request → bytes its blocks hold
 
 
 class LLMEngine:
@@ -53,6 +60,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model)
+        if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
+            checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config
         self.config = config
         self.tokenizer: Tokenizer | None = checkpoint.tokenizer
@@ -61,17 +70,25 @@ class LLMEngine:
         self.eos_token_ids = set(checkpoint.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        weights = checkpoint.iter_weights(progress=progress)
-        self.model = build_model(checkpoint.config, weights, config.torch_dtype, config.device)
-        num_blocks = config.max_num_blocks or num_blocks_for(
-            config.kv_cache_memory, checkpoint.config, config.block_size, config.torch_dtype
+        plan = checkpoint.quant_plan(config.weight_quantization, config.group_size)
+        weights = checkpoint.iter_weights(progress=progress, plan=plan)
+        self.model = build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan)
+        self.kv_layout = kv_cache_layout(checkpoint.config)
+        self.block_bytes = self.kv_layout.block_bytes(
+            kv_bytes_per_token(checkpoint.config, config.torch_dtype, config.kv_cache_dtype), config.block_size
         )
+        num_blocks = config.max_num_blocks or config.kv_cache_memory // self.block_bytes
         if num_blocks < 1:
             raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of this model")
-        self._set_max_model_len(num_blocks * config.block_size)
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache)
+        self._set_max_model_len(self.kv_layout.max_tokens(
+            num_blocks, config.block_size, config.max_num_batched_tokens, checkpoint.config.max_position_embeddings
+        ))
+        specs = [group.spec for group in self.kv_layout.groups]
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache, specs
+        )
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, config, num_blocks)
+        self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0
         self.num_generation_tokens = 0
@@ -85,10 +102,20 @@ class LLMEngine:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Resident weights: parameters and persistent buffers (quantized weights, their scales), each once."""
+        tensors = {t.data_ptr(): t for t in self.model.state_dict().values()}
+        return sum(t.numel() * t.element_size() for t in tensors.values())
+
+    def kv_bytes_per_sequence(self, num_tokens: int) -> int:
+        """Bytes of KV blocks one sequence of num_tokens computed tokens holds (window groups capped)."""
+        return self.kv_layout.blocks_held(num_tokens, self.config.block_size) * self.block_bytes
 
     def stats(self) -> EngineStats:
         blocks = self.block_manager
+        full_layers = sum(len(g.layers) for g in self.kv_layout.groups if g.spec.window is None)
+        per_seq: dict[str, int] = {}
+        for seq in self.scheduler.running:
+            per_seq[seq.request_id] = per_seq.get(seq.request_id, 0) + blocks.blocks_held(seq) * self.block_bytes
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -96,12 +123,14 @@ class LLMEngine:
             num_blocks=blocks.num_blocks,
             num_free_blocks=blocks.num_free_blocks,
             peak_blocks_in_use=blocks.peak_blocks_in_use,
-            kv_bytes_per_token=self.runner.kv_cache.bytes_per_token,
+            kv_bytes_per_token=self.runner.kv_cache.bytes_per_token * full_layers // self.kv_layout.num_layers,
             prefix_cache_queries=blocks.prefix_queries,
             prefix_cache_hits=blocks.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
             num_prefill_tokens=self.num_prefill_tokens,
             num_generation_tokens=self.num_generation_tokens,
+            kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes,
+            kv_bytes_per_seq=per_seq,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -201,6 +230,7 @@ class LLMEngine:
             self.num_prefill_tokens += item.num_tokens
         for seq in batch.decodes + [item.seq for item in batch.prefills]:
             self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+            self.block_manager.free_out_of_window(seq)  # at once, so usage and stats show what is held
 
     def _with_forked_siblings(self, sampled: list[Sequence]) -> tuple[list[int], list[Sequence]]:
         """When sample 0 of an n > 1 request has prefilled its prompt, the other samples start from
@@ -212,11 +242,10 @@ class LLMEngine:
                 continue
             request.forked = True
             for sibling in request.sequences[1:]:
-                if self.block_manager.num_free_blocks == 0:
+                if not self.block_manager.can_fork(seq):
                     self.scheduler.add(sibling)  # no block to copy into: prefill it (prefix cache hits)
                     continue
-                copy = self.block_manager.fork(seq, sibling)
-                if copy is not None:
+                for copy in self.block_manager.fork(seq, sibling):
                     self.runner.kv_cache.copy_block(*copy)
                 sibling.num_computed_tokens = seq.num_computed_tokens
                 sibling.status = SequenceStatus.RUNNING
@@ -247,9 +276,13 @@ class LLMEngine:
                 request.metrics.first_token_time = request.metrics.first_token_time or now
                 request.metrics.token_times.append(now)
                 touched.add(request.request_id)
-            if logprobs is not None:
-                self._record_logprobs(seq, token, logprobs)
-            self._append_token(seq, token)
+            try:
+                if logprobs is not None:
+                    self._record_logprobs(seq, token, logprobs)
+                self._append_token(seq, token)
+            except Exception:  # one sequence's fault (its detokenizer, stop strings) must not sink the batch
+                logger.exception("request %s failed; the others go on", seq.request_id)
+                seq.finish_reason, seq.status = "error", SequenceStatus.FINISHED
             if seq.finished:
                 self.scheduler.finish(seq)
         self.num_generation_tokens += len(seqs)
@@ -293,11 +326,18 @@ class LLMEngine:
 
     def score(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
         """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests)."""
+        with self.scratch_blocks(token_ids) as block_tables:
+            return self.runner.score(token_ids, block_tables, last_only)
+
+    @contextmanager
+    def scratch_blocks(self, token_ids: list[int]) -> Iterator[list[BlockTable]]:
+        """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""
         scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None, None)
-        if not self.block_manager.can_allocate(scratch):
+        no_hit = PrefixHit(0, [BlockTable() for _ in self.block_manager.specs])  # computed from scratch
+        if not self.block_manager.can_allocate(scratch, no_hit, len(token_ids)):
             raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
-        self.block_manager.allocate(scratch, reuse_prefix=False)
+        self.block_manager.allocate(scratch, no_hit, len(token_ids))
         try:
-            return self.runner.score(token_ids, scratch.block_table, last_only)
+            yield scratch.block_tables
         finally:
             self.block_manager.free_sequence(scratch)

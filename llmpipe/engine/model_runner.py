@@ -1,5 +1,10 @@
 """ModelRunner: flattens a scheduled batch into tensors (token ids, positions, slot mapping, block
-tables → AttentionMetadata), runs one forward pass, and returns the logits that need sampling."""
+tables → AttentionMetadata), runs one forward pass, and returns the logits that need sampling.
+
+Each KV cache group gets its own metadata: its block tables, cut down to the blocks its window
+still reads (context lengths counted from the first of them, which leaves window masks unchanged:
+they depend only on distances); every layer receives its group's.
+"""
 
 from __future__ import annotations
 
@@ -7,70 +12,94 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig
+from llmpipe.engine.block_manager import BlockTable
 from llmpipe.engine.kv_cache import PagedKVCache
+from llmpipe.engine.kv_cache_spec import KVCacheLayout, KVCacheSpec
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
 
+ChunkRows = tuple[list[BlockTable], int, int, int]  # a sequence's tables, start, end, first row in the batch
+
+
 class ModelRunner:
-    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int):
+    def __init__(self, model: nn.Module, config: EngineConfig, num_blocks: int, layout: KVCacheLayout):
         self.model = model
         self.config = config
         self.device = torch.device(config.device)
         self.block_size = config.block_size
-        self.kv_cache = PagedKVCache(config.model_config, num_blocks, config.block_size, config.torch_dtype, self.device)
+        self.layout = layout
+        self.kv_cache = PagedKVCache(
+            config.model_config, num_blocks, config.block_size, config.torch_dtype, self.device, layout,
+            config.kv_cache_dtype,
+        )
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> torch.Tensor:
         """Logits [rows, vocab]: one row per decode, then one per prefill chunk that ends its prefill."""
-        ids, positions, meta, logit_rows = self._prepare(batch)
-        hidden = self.model(ids, positions, self.kv_cache.layers, meta)
+        ids, positions, metas, logit_rows = self._prepare(batch)
+        hidden = self.model(ids, positions, self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[logit_rows])
 
     @torch.inference_mode()
-    def score(self, token_ids: list[int], block_table: list[int], last_only: bool = False) -> torch.Tensor:
+    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
         """Logits [T, vocab] at every position (or [1, vocab] at the last) of a sequence computed
-        from scratch into block_table."""
-        slots, chunk = self._chunk(block_table, 0, len(token_ids), token_start=0)
-        meta = AttentionMetadata(slots, 0, None, None, [chunk])
+        from scratch into block_tables."""
+        metas = self.prefill_metadata(block_tables, len(token_ids))
         ids = torch.tensor(token_ids, device=self.device)
-        hidden = self.model(ids, torch.arange(len(token_ids), device=self.device), self.kv_cache.layers, meta)
+        hidden = self.model(ids, torch.arange(len(token_ids), device=self.device), self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[-1:] if last_only else hidden)
 
-    def _chunk(self, block_table: list[int], start: int, end: int, token_start: int) -> tuple[torch.Tensor, PrefillChunk]:
-        """Cache slots of positions start..end of a sequence, and its prefill-chunk metadata."""
-        table = torch.tensor(block_table, device=self.device)
-        positions = torch.arange(start, end, device=self.device)
-        slots = table[positions // self.block_size] * self.block_size + positions % self.block_size
-        return slots, PrefillChunk(token_start, token_start + end - start, end, table)
+    def prefill_metadata(self, block_tables: list[BlockTable], num_tokens: int) -> list[AttentionMetadata]:
+        """Per layer: one sequence's first num_tokens, computed from scratch into block_tables."""
+        return self._layer_metadata([], [], [(block_tables, 0, num_tokens, 0)])
 
     def _prepare(self, batch: SchedulerOutput):
-        ids: list[int] = [seq.all_token_ids[-1] for seq in batch.decodes]
-        positions: list[int] = [seq.num_tokens - 1 for seq in batch.decodes]
-        size = self.block_size
-        decode_slots = [seq.block_table[p // size] * size + p % size for seq, p in zip(batch.decodes, positions)]
-        slots: list[torch.Tensor] = [torch.tensor(decode_slots, dtype=torch.long, device=self.device)]
-        decode_tables = decode_lens = None
-        lens = [seq.num_tokens for seq in batch.decodes]
-        if batch.decodes:
-            width = max(len(seq.block_table) for seq in batch.decodes)
-            padded = [seq.block_table + [0] * (width - len(seq.block_table)) for seq in batch.decodes]
-            decode_tables = torch.tensor(padded, device=self.device)
-            decode_lens = torch.tensor(lens, device=self.device)
-        logit_rows = list(range(len(batch.decodes)))
-        chunks = []
+        decodes = batch.decodes
+        ids: list[int] = [seq.all_token_ids[-1] for seq in decodes]
+        positions: list[int] = [seq.num_tokens - 1 for seq in decodes]
+        logit_rows = list(range(len(decodes)))
+        chunks: list[ChunkRows] = []
         for item in batch.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
-            chunk_slots, chunk = self._chunk(seq.block_table, start, end, token_start=len(ids))
+            chunks.append((seq.block_tables, start, end, len(ids)))
             ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
-            slots.append(chunk_slots)
-            chunks.append(chunk)
             if item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
-        meta = AttentionMetadata(
-            torch.cat(slots), len(batch.decodes), decode_tables, decode_lens, chunks,
-            decode_max_len=max(lens, default=0), decode_same_len=len(set(lens)) <= 1,
-        )
+        metas = self._layer_metadata([seq.block_tables for seq in decodes], [seq.num_tokens for seq in decodes], chunks)
         ids_t = torch.tensor(ids, device=self.device)
-        return ids_t, torch.tensor(positions, device=self.device), meta, torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        return ids_t, torch.tensor(positions, device=self.device), metas, torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+
+    def _layer_metadata(self, decode_tables: list[list[BlockTable]], lens: list[int], chunks: list[ChunkRows]):
+        groups = [
+            self._group_metadata(group.spec, [tables[g] for tables in decode_tables], lens,
+                                 [(tables[g], start, end, row) for tables, start, end, row in chunks])
+            for g, group in enumerate(self.layout.groups)
+        ]
+        return [groups[g] for g in self.layout.layer_groups]
+
+    def _group_metadata(
+        self, spec: KVCacheSpec, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]
+    ) -> AttentionMetadata:
+        size, device = self.block_size, self.device
+        slots = [torch.tensor([t.block_of(n - 1, size) * size + (n - 1) % size for t, n in zip(tables, lens)], dtype=torch.long, device=device)]
+        decode_tables = decode_lens = None
+        firsts = [spec.first_needed_block(n - 1, size) for n in lens]
+        local_lens = [n - first * size for n, first in zip(lens, firsts)]
+        if tables:
+            rows = [t.ids[first - t.offset :] for t, first in zip(tables, firsts)]
+            width = max(map(len, rows))
+            decode_tables = torch.tensor([row + [0] * (width - len(row)) for row in rows], device=device)
+            decode_lens = torch.tensor(local_lens, device=device)
+        prefills = []
+        for table, start, end, row in chunks:
+            first = spec.first_needed_block(start, size)
+            blocks = torch.tensor(table.ids[first - table.offset : -(-end // size) - table.offset], device=device)
+            local = torch.arange(start - first * size, end - first * size, device=device)
+            slots.append(blocks[local // size] * size + local % size)
+            prefills.append(PrefillChunk(row, row + end - start, end - first * size, blocks))
+        return AttentionMetadata(
+            torch.cat(slots), len(lens), decode_tables, decode_lens, prefills,
+            decode_max_len=max(local_lens, default=0), decode_same_len=len(set(local_lens)) <= 1,
+        )

@@ -2,9 +2,11 @@
 
 Each step: every running sequence that is decoding gets one token (decodes first, so streams
 never stall behind a long prompt); the remaining token budget goes to prefill chunks, first of
-sequences already admitted, then of waiting ones, in arrival order. When the cache runs out of
-blocks, the most recently admitted sequence is preempted: its blocks are freed and it goes back
-to the front of the queue, keeping the tokens it generated (they are recomputed on resumption).
+sequences already admitted, then of waiting ones, in arrival order. Blocks are reserved for just
+the tokens scheduled, after the sequence's window groups drop the blocks they no longer reach.
+When the cache runs out of blocks, the most recently admitted sequence is preempted: its blocks
+are freed and it goes back to the front of the queue, keeping the tokens it generated (they are
+recomputed on resumption, from the prefix cache where it still holds them).
 """
 
 from __future__ import annotations
@@ -55,33 +57,34 @@ class Scheduler:
         out = SchedulerOutput([], [])
         budget = self.max_num_batched_tokens
         for seq in list(self.running):  # decodes first: one token each
-            if seq.status is SequenceStatus.RUNNING and not seq.in_prefill and self._reserve_slots(seq, out):
+            if seq.status is SequenceStatus.RUNNING and not seq.in_prefill and self._reserve_slots(seq, 1, out):
                 out.decodes.append(seq)
                 budget -= 1
         for seq in list(self.running):  # then prefill chunks of admitted sequences
-            if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill and self._reserve_slots(seq, out):
-                budget -= self._add_chunk(out, seq, budget)
+            if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill:
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                if self._reserve_slots(seq, n, out):
+                    out.prefills.append(ScheduledChunk(seq, n))
+                    budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.blocks.can_allocate(seq):
+            hit = self.blocks.prefix_hit(seq)
+            n = min(seq.num_tokens - hit.num_tokens, budget)
+            if not self.blocks.can_allocate(seq, hit, n):
                 break
             self.waiting.popleft()
-            self.blocks.allocate(seq)
-            seq.num_computed_tokens = seq.num_cached_tokens
+            self.blocks.allocate(seq, hit, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            budget -= self._add_chunk(out, seq, budget)
+            out.prefills.append(ScheduledChunk(seq, n))
+            budget -= n
         return out
 
-    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, budget: int) -> int:
-        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-        out.prefills.append(ScheduledChunk(seq, n))
-        return n
-
-    def _reserve_slots(self, seq: Sequence, out: SchedulerOutput) -> bool:
-        """Give seq blocks for all its tokens, preempting the newest sequences until they fit.
-        False if seq itself had to be preempted."""
-        while not self.blocks.can_append(seq):
+    def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
+        """Give seq blocks for its next num_new_tokens tokens (after freeing what its windows no
+        longer reach), preempting the newest sequences until they fit. False if seq itself had to go."""
+        self.blocks.free_out_of_window(seq)
+        while not self.blocks.can_reserve(seq, num_new_tokens):
             victim = self.running[-1]
             self.preempt(victim)
             if victim in out.decodes:
@@ -89,7 +92,7 @@ class Scheduler:
             out.prefills = [item for item in out.prefills if item.seq is not victim]
             if victim is seq:
                 return False
-        self.blocks.append_slot(seq)
+        self.blocks.reserve(seq, num_new_tokens)
         return True
 
     def preempt(self, seq: Sequence) -> None:

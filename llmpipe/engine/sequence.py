@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llmpipe.engine.block_manager import BlockTable
 from llmpipe.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.tokenizer import IncrementalDetokenizer
@@ -30,7 +31,8 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(init=False)  # prompt + output, grown in place (no copy per step)
     status: SequenceStatus = SequenceStatus.WAITING
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[BlockTable] = field(default_factory=list)  # one per KV cache group
+    block_hashes: list[int] = field(default_factory=list)  # prefix-cache hashes of its full blocks
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, served by the prefix cache at admission
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache

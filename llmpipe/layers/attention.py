@@ -15,6 +15,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmpipe.quant.kv import QuantizedKV
+
+KVLayer = torch.Tensor | QuantizedKV  # one layer's [2, blocks, block_size, kv_heads, head_dim] cache
+
 
 @dataclass
 class PrefillChunk:
@@ -35,16 +39,27 @@ class AttentionMetadata:
     decode_same_len: bool = True  # every decode context has decode_max_len tokens: no padding to mask
 
 
-def write_kv(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv(kv_cache: KVLayer, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """kv_cache: [2, blocks, block_size, kv_heads, head_dim]; k, v: [tokens, kv_heads, head_dim]."""
+    if isinstance(kv_cache, QuantizedKV):
+        return kv_cache.write(k, v, slot_mapping)
     flat = kv_cache.flatten(1, 2)
     flat[0].index_copy_(0, slot_mapping, k)
     flat[1].index_copy_(0, slot_mapping, v)
 
 
-def gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+def read_blocks(kv_cache: KVLayer, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K and V of blocks `block_ids`: [2, len(block_ids), block_size, kv_heads, head_dim]."""
+    if isinstance(kv_cache, QuantizedKV):
+        return kv_cache.read(block_ids, dtype)
+    return kv_cache.index_select(1, block_ids)  # several times cheaper per call than advanced indexing on CPU
+
+
+def gather_kv(
+    kv_cache: KVLayer, block_table: torch.Tensor, length: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's first `length` K and V, each [length, kv_heads, head_dim]."""
-    blocks = kv_cache.index_select(1, block_table).flatten(1, 2)
+    blocks = read_blocks(kv_cache, block_table, dtype).flatten(1, 2)
     return blocks[0, :length], blocks[1, :length]
 
 
@@ -72,8 +87,7 @@ def decode_attention(
     flash-attention kernel is several times slower for single queries."""
     batch, length = q.shape[0], meta.decode_max_len
     kv_heads, head_dim = kv_cache.shape[-2:]
-    # index_select is several times cheaper per call than advanced indexing on CPU.
-    blocks = kv_cache.index_select(1, meta.decode_block_tables.flatten()).view(2, batch, -1, kv_heads, head_dim)
+    blocks = read_blocks(kv_cache, meta.decode_block_tables.flatten(), q.dtype).view(2, batch, -1, kv_heads, head_dim)
     keys, values = blocks[0, :, :length], blocks[1, :, :length]  # [batch, L, kv_heads, D]
     grouped = q.view(batch, kv_heads, -1, head_dim)  # query heads sharing a KV head sit together
     # One bmm per KV head reads the gathered keys in place; a single 4-D matmul would copy them first.
@@ -99,7 +113,7 @@ def prefill_attention(
     """A chunk of one sequence's new tokens attending causally to its cached prefix and themselves."""
     num_new = q.shape[0]
     start = chunk.context_len - num_new
-    keys, values = gather_kv(kv_cache, chunk.block_table, chunk.context_len)
+    keys, values = gather_kv(kv_cache, chunk.block_table, chunk.context_len, q.dtype)
     mask = _causal_mask(start, num_new, chunk.context_len, window, q.device)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),

@@ -20,7 +20,11 @@ from llmpipe.loader.gguf_names import GGUF_ARCHITECTURES
 from llmpipe.loader.gguf_weights import GGUFWeights
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.loader.hf_weights import SafetensorsWeights
+from llmpipe.loader.quant_config import hf_quantization_config
+from llmpipe.loader.quantized_weights import QuantizedSafetensorsWeights
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.quant.apply import QuantPlan, quant_plan
+from llmpipe.quant.formats import QuantizedWeight
 
 if TYPE_CHECKING:
     from llmpipe.tokenizer.tokenizer import Tokenizer
@@ -50,15 +54,26 @@ class Checkpoint:
     file_bytes: int  # size on disk of the weights
     source: WeightSource = field(repr=False, compare=False)
 
-    def iter_weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, float tensor), read and dequantized one at a time, in model order.
+    def quant_plan(self, quantization: str | None, group_size: int) -> QuantPlan:
+        """Weight formats for `quantization` (None, "auto", "int8", "int4"); see llmpipe.quant.apply."""
+        native = getattr(self.source, "native_format", None)
+        return quant_plan(list(expected_weight_shapes(self.config)), quantization, group_size, native)
+
+    def iter_weights(
+        self, progress: bool = False, plan: QuantPlan | None = None
+    ) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+        """(Hugging Face name, tensor), read one at a time, in model order: float, or quantized as
+        stored where `plan` asks for exactly the format the checkpoint holds (no float round trip).
 
         Float tensors of a GGUF may be views of its copy-on-write mapping (writes never reach the file).
         """
         names = list(expected_weight_shapes(self.config))
+        native = getattr(self.source, "native_format", lambda name: None)
         bar = tqdm(names, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False)
         for name in bar:
-            yield name, self.source.read(name)
+            fmt = (plan or {}).get(name)
+            keep = fmt is not None and native(name) == fmt
+            yield name, self.source.read_quantized(name) if keep else self.source.read(name)
 
 
 def load_checkpoint(model: str) -> Checkpoint:
@@ -75,7 +90,8 @@ def load_checkpoint(model: str) -> Checkpoint:
 
 def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
     config = hf_model_config(directory)
-    source = SafetensorsWeights(directory)
+    quant = hf_quantization_config(directory)  # GPTQ / AWQ: quantized linears read as Int4Weight
+    source = SafetensorsWeights(directory) if quant is None else QuantizedSafetensorsWeights(directory, quant)
     if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
         logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
         return config, source, None

@@ -41,6 +41,21 @@ _QK_NORM = {
     "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
     "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
 }
+_GEMMA3_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.pre_feedforward_layernorm.weight",
+    "blk.{i}.post_ffw_norm.weight": "model.layers.{i}.post_feedforward_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+} | _QK_NORM
 _LLAMA_PERMUTED = {
     "blk.{i}.attn_q.weight": "num_attention_heads",
     "blk.{i}.attn_q.bias": "num_attention_heads",
@@ -53,6 +68,8 @@ _LLAMA_PERMUTED = {
 class GGUFArchitecture:
     tensors: dict[str, str]  # GGUF name pattern → Hugging Face name pattern ({i} = layer)
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF pattern → head-count field
+    # Gemma's RMSNorm scales by (1 + weight); llama.cpp's converter stores 1 + weight, so loading subtracts it.
+    norms_store_one_plus_weight: bool = False
 
     def hf_name(self, gguf_name: str) -> str | None:
         """The Hugging Face name of a GGUF tensor, or None for tensors the model does not load."""
@@ -66,6 +83,7 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
     "llama": GGUFArchitecture(tensors=_LLAMA_TENSORS | _QKV_BIAS, permuted=_LLAMA_PERMUTED),
     "qwen2": GGUFArchitecture(tensors=_LLAMA_TENSORS | _QKV_BIAS),
     "qwen3": GGUFArchitecture(tensors=_LLAMA_TENSORS | _QK_NORM),
+    "gemma3": GGUFArchitecture(tensors=_GEMMA3_TENSORS, norms_store_one_plus_weight=True),
 }
 
 

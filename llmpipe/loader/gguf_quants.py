@@ -52,6 +52,14 @@ def split_q4_1(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return blocks[:, :2].view(torch.float16), blocks[:, 2:4].view(torch.float16), blocks[:, 4:]
 
 
+def dequantize_q5_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_0 [n, 22]: scale (f16), 32 fifth bits (uint32, bit j → weight j), 16 bytes of low nibbles;
+    value = d·(q − 16)."""
+    high = _bit_planes(blocks[:, 2:6], bits=1, planes=8).transpose(1, 2).reshape(-1, 32)
+    q = unpack_nibbles(blocks[:, 6:]) | (high << 4)
+    return q.float().sub_(16).mul_(_f16(blocks, 0))
+
+
 def dequantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
     scale, q = split_q8_0(blocks)
     return q.float().mul_(scale.float())
@@ -114,6 +122,7 @@ BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Te
     Q.Q8_0: dequantize_q8_0,
     Q.Q4_0: dequantize_q4_0,
     Q.Q4_1: dequantize_q4_1,
+    Q.Q5_0: dequantize_q5_0,
     Q.Q4_K: dequantize_q4_k,
     Q.Q5_K: dequantize_q5_k,
     Q.Q6_K: dequantize_q6_k,

@@ -6,13 +6,21 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize
+from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q8_0, unpack_nibbles
+from llmpipe.quant.formats import Int4Weight, Int8Weight
+
+GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
+NATIVE_FORMATS = {
+    GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
+    GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
+    GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
+}
 
 
 class GGUFWeights:
@@ -21,6 +29,7 @@ class GGUFWeights:
     def __init__(self, reader: GGUFReader, path: Path, arch: GGUFArchitecture, config: ModelConfig) -> None:
         self.path = path
         self.file_bytes = path.stat().st_size
+        self._shift_norms = arch.norms_store_one_plus_weight
         self._tensors: dict[str, ReaderTensor] = {}
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         for tensor in reader.tensors:
@@ -48,7 +57,31 @@ class GGUFWeights:
     def read(self, name: str) -> torch.Tensor:
         tensor = self._tensors[name]
         weight = dequantize(torch.from_numpy(tensor.data), tensor.tensor_type, tensor_shape(tensor))
+        if self._shift_norms and name.endswith("norm.weight"):
+            weight = weight - 1
         return self._unpermute(name, weight)
+
+    def native_format(self, name: str) -> tuple[str, int | None] | None:
+        """The llmpipe weight format a tensor maps onto without a float round trip, if any."""
+        return NATIVE_FORMATS.get(self._tensors[name].tensor_type)
+
+    def read_quantized(self, name: str) -> Int4Weight | Int8Weight:
+        """A Q4_0 / Q4_1 / Q8_0 tensor in llmpipe's formats, exactly: Q4_1's (d, m) are (scale,
+        offset); Q4_0's d·(q − 8) is scale d, offset −8d; Q8_0's d·q is int8 with group-32 scales."""
+        qtype, rows = self.raw_blocks(name)
+        out = rows.shape[0]
+        blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+        if qtype == GGMLQuantizationType.Q8_0:
+            scale, q = split_q8_0(blocks)
+            return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)
+        if qtype == GGMLQuantizationType.Q4_1:
+            scale, offset, packed = split_q4_1(blocks)
+            offset = offset.float()
+        else:
+            scale, packed = split_q4_0(blocks)
+            offset = scale.float() * -8
+        q = unpack_nibbles(packed).reshape(out, -1)
+        return Int4Weight(q, scale.float().reshape(out, -1), offset.reshape(out, -1), GGML_BLOCK)
 
     def raw_blocks(self, name: str) -> tuple[GGMLQuantizationType, torch.Tensor]:
         """(type, data) without dequantizing: for block types, uint8 [rows, bytes per row]."""

@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import LLAMA_FAMILY, ModelConfig
+from llmpipe.loader.gemma3_defaults import GEMMA3_DEFAULTS, gemma3_layer_types
+
+SUPPORTED_MODEL_TYPES = (*LLAMA_FAMILY, "gemma3_text")
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.files import read_json
 
@@ -27,6 +30,9 @@ def hf_model_config(directory: Path) -> ModelConfig:
     model_type = cfg["model_type"]
     heads = int(need("num_attention_heads"))
     rope_theta, rope_scaling = _rope(cfg)
+    gemma3 = _gemma3_fields(cfg, config_path) if model_type == "gemma3_text" else {}
+    if gemma3:
+        rope_theta, rope_scaling = gemma3.pop("rope")
     return ModelConfig(
         architecture=model_type,
         vocab_size=int(need("vocab_size")),
@@ -40,25 +46,23 @@ def hf_model_config(directory: Path) -> ModelConfig:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type == "gemma3_text")),
         attention_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
         sliding_window=_sliding_window(cfg),
-        hidden_act=cfg.get("hidden_act", "silu"),
+        hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
         bos_token_id=_first(cfg.get("bos_token_id"), generation.get("bos_token_id")),
         eos_token_ids=_token_ids(cfg.get("eos_token_id"), generation.get("eos_token_id")),
+        **gemma3,
     )
 
 
 def _check_supported(cfg: dict[str, Any], path: Path) -> None:
     model_type = cfg.get("model_type")
-    if model_type not in LLAMA_FAMILY:
+    if model_type not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedModelError(
-            f"{path}: model_type {model_type!r} is not supported (supported: {', '.join(LLAMA_FAMILY)})"
+            f"{path}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
-    if cfg.get("quantization_config"):
-        method = cfg["quantization_config"].get("quant_method", "unknown")
-        raise UnsupportedModelError(f"{path}: pre-quantized checkpoints ({method}) are not supported")
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError(f"{path}: mlp_bias=true is not supported")
 
@@ -72,6 +76,30 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
     params.pop("type", None)
     return theta, None if rope_type == "default" else {"rope_type": rope_type, **params}
+
+
+def _gemma3_fields(cfg: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Gemma 3's extra fields. RoPE comes per layer type (transformers 5: `rope_parameters` keyed by
+    "full_attention" / "sliding_attention"; older files: rope_theta, rope_local_base_freq, rope_scaling)."""
+    if cfg.get("attn_logit_softcapping") is not None:
+        raise UnsupportedModelError(f"{path}: attention logit soft-capping is not supported")
+    params = cfg.get("rope_parameters") or {}
+    full, local = params.get("full_attention"), params.get("sliding_attention")
+    if full is not None:
+        rope = _rope({"rope_parameters": full, "rope_theta": GEMMA3_DEFAULTS["rope_theta"]})
+        local_theta = float((local or {}).get("rope_theta") or GEMMA3_DEFAULTS["rope_local_theta"])
+    else:
+        rope = _rope({**cfg, "rope_theta": cfg.get("rope_theta") or GEMMA3_DEFAULTS["rope_theta"]})
+        local_theta = float(cfg.get("rope_local_base_freq") or GEMMA3_DEFAULTS["rope_local_theta"])
+    layers = int(cfg["num_hidden_layers"])
+    layer_types = cfg.get("layer_types") or gemma3_layer_types(layers, cfg.get("sliding_window_pattern"))
+    return dict(
+        rope=rope,
+        layer_types=tuple(layer_types),
+        rope_local_theta=local_theta,
+        query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or GEMMA3_DEFAULTS["query_pre_attn_scalar"]),
+        final_logit_softcapping=cfg.get("final_logit_softcapping"),
+    )
 
 
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
@@ -92,3 +120,38 @@ def _token_ids(*values: int | list[int] | None) -> tuple[int, ...]:
     for value in values:
         ids.extend([] if value is None else [value] if isinstance(value, int) else value)
     return tuple(dict.fromkeys(int(i) for i in ids))
+
+
+HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
+    """The config.json that hf_model_config reads back as `config` (what `llmpipe quantize` writes)."""
+    eos = list(config.eos_token_ids)
+    return {
+        "architectures": [HF_ARCHITECTURES[config.architecture]],
+        "model_type": config.architecture,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "max_position_embeddings": config.max_position_embeddings,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": config.rope_scaling,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "attention_bias": config.attention_bias,
+        "sliding_window": config.sliding_window,
+        "use_sliding_window": config.sliding_window is not None,
+        "hidden_act": config.hidden_act,
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+    }

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from llmpipe.config import ModelConfig
+from llmpipe.config import GEMMA3_FAMILY, ModelConfig
 
 
 def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Ordered as the model uses them: embedding, layer 0 … N−1, final norm, LM head (unless tied)."""
+    """Llama family and Gemma 3. Ordered as the model uses them: embedding, layer 0 … N−1, final norm, LM head (unless tied)."""
     hidden, inter = config.hidden_size, config.intermediate_size
     q_dim = config.num_attention_heads * config.head_dim
     kv_dim = config.num_key_value_heads * config.head_dim
@@ -29,6 +29,11 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                 f"{layer}.self_attn.q_proj.bias": (q_dim,),
                 f"{layer}.self_attn.k_proj.bias": (kv_dim,),
                 f"{layer}.self_attn.v_proj.bias": (kv_dim,),
+            }
+        if config.architecture in GEMMA3_FAMILY:  # norms after attention and around the FFN
+            shapes |= {
+                f"{layer}.pre_feedforward_layernorm.weight": (hidden,),
+                f"{layer}.post_feedforward_layernorm.weight": (hidden,),
             }
         if config.qk_norm:
             shapes |= {

@@ -14,11 +14,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmpipe.config import ModelConfig
-from llmpipe.errors import ModelLoadError
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear, linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
+from llmpipe.models.weights import load_weights, target_of
+from llmpipe.quant.formats import QuantizedWeight
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin at this forward's positions
 
@@ -89,71 +90,39 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], metas: list[AttentionMetadata]) -> torch.Tensor:
+        """metas: each layer's attention metadata (layers of one KV cache group share one)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
 
 
 class LlamaForCausalLM(nn.Module):
+    model_class: type[nn.Module] = LlamaModel  # the body; other families reuse the head and weight loading
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg)
+        self.model = self.model_class(cfg)
         tied = cfg.tie_word_embeddings
         self.lm_head = None if tied else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.splits = torch.get_num_threads()
 
-    def forward(self, input_ids, positions, kv_caches, meta) -> torch.Tensor:
+    def forward(self, input_ids, positions, kv_caches, metas) -> torch.Tensor:
         """Hidden states [T, hidden] of the new tokens."""
-        return self.model(input_ids, positions, kv_caches, meta)
+        return self.model(input_ids, positions, kv_caches, metas)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
             return linear(hidden, self.model.embed_tokens.weight, splits=self.splits)
         return self.lm_head(hidden)
 
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) into the parameters, stacking q/k/v and gate/up."""
-        params = dict(self.named_parameters())
-        expected = self._expected_checkpoint_names(params)
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name == "lm_head.weight" and self.config.tie_word_embeddings:
-                continue  # some tied checkpoints still carry a copy of the embedding
-            target, shard = self._target_of(name)
-            if target not in params:
-                raise ModelLoadError(f"checkpoint tensor {name!r} has no place in the {self.config.architecture} model")
-            self._copy_into(params[target], tensor, shard, name)
-            loaded.add(name)
-        missing = sorted(expected - loaded)
-        if missing:
-            raise ModelLoadError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
-
-    def _expected_checkpoint_names(self, params: dict[str, nn.Parameter]) -> set[str]:
-        names = set()
-        for name in params:
-            parts = [name.replace(f".{full}.", f".{part}.") for full, part, _ in STACKED_PARAMS if f".{full}." in name]
-            names.update(parts or [name])
-        return names
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) in, stacking q/k/v and gate/up."""
+        load_weights(self, weights, STACKED_PARAMS, self.config.tie_word_embeddings)
 
     @staticmethod
-    def _target_of(name: str) -> tuple[str, int | None]:
-        for full, part, shard in STACKED_PARAMS:
-            if f".{part}." in name:
-                return name.replace(f".{part}.", f".{full}."), shard
-        return name, None
-
-    def _copy_into(self, param: nn.Parameter, tensor: torch.Tensor, shard: int | None, name: str) -> None:
-        dest = param.data
-        if shard is not None:
-            module = self.get_submodule(self._target_of(name)[0].rsplit(".", 1)[0])
-            sizes = module.shard_sizes
-            offset = sum(sizes[:shard])
-            dest = dest.narrow(0, offset, sizes[shard])
-        if tuple(dest.shape) != tuple(tensor.shape):
-            raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)}, the model expects {tuple(dest.shape)}")
-        dest.copy_(tensor)
+    def target_of(name: str) -> str:
+        return target_of(name, STACKED_PARAMS)[0]

@@ -15,6 +15,8 @@ import tokenizers
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.tokenizer.byte_level import build_byte_level_bpe
+from llmpipe.tokenizer.default_templates import default_chat_template
+from llmpipe.tokenizer.sentencepiece import build_sentencepiece_bpe
 from llmpipe.tokenizer.special_tokens import add_whole_tokens, bos_eos_processor
 from llmpipe.tokenizer.tokenizer import Tokenizer
 
@@ -51,9 +53,22 @@ def _byte_level(reader: gguf.GGUFReader) -> tokenizers.Tokenizer:
     )
 
 
-# `tokenizer.ggml.model` → builder of the BPE core. A SentencePiece-style "llama" entry goes here;
-# it must also default add_bos_token to True, as llama.cpp does for that kind.
-BUILDERS: dict[str, Callable[[gguf.GGUFReader], tokenizers.Tokenizer]] = {"gpt2": _byte_level}
+def _sentencepiece(reader: gguf.GGUFReader) -> tokenizers.Tokenizer:
+    tokens = required_metadata(reader, "tokenizer.ggml.tokens")
+    unk = metadata(reader, "tokenizer.ggml.unknown_token_id")
+    return build_sentencepiece_bpe(
+        tokens,
+        required_metadata(reader, "tokenizer.ggml.scores"),
+        unk_token=tokens[unk] if unk is not None and 0 <= unk < len(tokens) else None,
+        architecture=metadata(reader, "general.architecture"),
+        add_space_prefix=metadata(reader, "tokenizer.ggml.add_space_prefix", True),
+    )
+
+
+# `tokenizer.ggml.model` → builder of the BPE core.
+BUILDERS: dict[str, Callable[[gguf.GGUFReader], tokenizers.Tokenizer]] = {"gpt2": _byte_level, "llama": _sentencepiece}
+# Kinds whose files may omit add_bos_token because llama.cpp (and transformers) then add BOS.
+BOS_BY_DEFAULT = frozenset({"llama"})
 
 
 def load_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
@@ -69,7 +84,8 @@ def load_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
     kinds = metadata(reader, "tokenizer.ggml.token_type", [])
     add_whole_tokens(backend, [t for t, k in zip(tokens, kinds) if k == CONTROL] + [*named.values()], special=True)
     add_whole_tokens(backend, [t for t, k in zip(tokens, kinds) if k == USER_DEFINED], special=False)
-    bos = _if_added(reader, "tokenizer.ggml.add_bos_token", named.get("bos_token"), named_ids.get("bos_token"))
+    bos_default = kind in BOS_BY_DEFAULT
+    bos = _if_added(reader, "tokenizer.ggml.add_bos_token", named.get("bos_token"), named_ids.get("bos_token"), bos_default)
     eos = _if_added(reader, "tokenizer.ggml.add_eos_token", named.get("eos_token"), named_ids.get("eos_token"))
     backend.post_processor = bos_eos_processor(bos, eos)
     return Tokenizer(
@@ -77,7 +93,8 @@ def load_gguf_tokenizer(reader: gguf.GGUFReader) -> Tokenizer:
         bos_token_id=named_ids.get("bos_token"),
         eos_token_id=named_ids.get("eos_token"),
         special_tokens=named,
-        chat_template=metadata(reader, "tokenizer.chat_template"),
+        chat_template=metadata(reader, "tokenizer.chat_template")
+        or default_chat_template(metadata(reader, "general.architecture")),
     )
 
 
@@ -89,8 +106,10 @@ def _named_token_ids(reader: gguf.GGUFReader, vocab_size: int) -> dict[str, int]
     return {name: int(index) for name, index in ids.items() if index is not None}
 
 
-def _if_added(reader: gguf.GGUFReader, flag: str, text: str | None, index: int | None) -> tuple[str, int] | None:
-    """(text, id) of a BOS/EOS token the file says every encode adds, else None."""
-    if text is None or index is None or not metadata(reader, flag, False):
+def _if_added(
+    reader: gguf.GGUFReader, flag: str, text: str | None, index: int | None, default: bool = False
+) -> tuple[str, int] | None:
+    """(text, id) of a BOS/EOS token the file says (or its kind implies) every encode adds, else None."""
+    if text is None or index is None or not metadata(reader, flag, default):
         return None
     return text, index

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +66,13 @@ def _chat_template(path: Path, config: dict[str, Any]) -> str | None:
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
         template = named.get("default")
     return template if isinstance(template, str) else None
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: Path) -> None:
+    """Write what load_hf_tokenizer reads back: tokenizer.json, the named special tokens in
+    tokenizer_config.json, and chat_template.jinja."""
+    tokenizer.backend.save(str(directory / TOKENIZER_FILE))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer.special_tokens}
+    (directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    if tokenizer.chat_template is not None:
+        (directory / TEMPLATE_FILE).write_text(tokenizer.chat_template, encoding="utf-8")

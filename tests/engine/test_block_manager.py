@@ -2,6 +2,7 @@
 
 A fake pool records which token each slot holds, written only when a position is "computed",
 so a prefix-cache hit that served the wrong blocks shows up as a sequence reading foreign tokens.
+The manager runs two KV cache groups, one full-attention and one sliding-window, as Gemma 3 does.
 """
 
 from dataclasses import dataclass, field
@@ -9,49 +10,80 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
+from llmpipe.engine.kv_cache_spec import KVCacheSpec
 
 BLOCK = 4
-NUM_BLOCKS = 24
+NUM_BLOCKS = 48
+WINDOW = 6
+SPECS = [KVCacheSpec(None), KVCacheSpec(WINDOW)]
 
 
 @dataclass(eq=False)
 class FakeSeq:
     tokens: list[int]
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list = field(default_factory=list)
+    block_hashes: list = field(default_factory=list)
+    num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_hashed_blocks: int = 0
-    computed: int = 0
 
     @property
     def all_token_ids(self):
         return self.tokens
 
 
+def no_hit() -> PrefixHit:
+    return PrefixHit(0, [BlockTable() for _ in SPECS])
+
+
 class World:
-    def __init__(self):
-        self.bm = BlockManager(NUM_BLOCKS, BLOCK)
+    def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS):
+        self.bm = BlockManager(num_blocks, BLOCK, specs=specs)
         self.pool: dict[tuple[int, int], int] = {}
         self.live: list[FakeSeq] = []
 
+    def admit(self, seq: FakeSeq) -> bool:
+        hit = self.bm.prefix_hit(seq)
+        if not self.bm.can_allocate(seq, hit, len(seq.tokens) - hit.num_tokens):
+            return False
+        self.bm.allocate(seq, hit, len(seq.tokens) - hit.num_tokens)
+        self.live.append(seq)
+        self.compute(seq)
+        return True
+
+    def step(self, seq: FakeSeq) -> bool:
+        """Compute the newest token, as a decode step does."""
+        self.bm.free_out_of_window(seq)
+        if not self.bm.can_reserve(seq, 1):
+            return False
+        self.bm.reserve(seq, 1)
+        self.compute(seq)
+        return True
+
     def compute(self, seq: FakeSeq) -> None:
-        for pos in range(seq.computed, len(seq.tokens)):
-            self.pool[(seq.block_table[pos // BLOCK], pos % BLOCK)] = seq.tokens[pos]
-        seq.computed = len(seq.tokens)
-        self.bm.register_full_blocks(seq, seq.computed)
+        for pos in range(seq.num_computed_tokens, len(seq.tokens)):
+            for table in seq.block_tables:
+                self.pool[(table.block_of(pos, BLOCK), pos % BLOCK)] = seq.tokens[pos]
+        seq.num_computed_tokens = len(seq.tokens)
+        self.bm.register_full_blocks(seq, seq.num_computed_tokens)
 
     def check(self) -> None:
         refs = [0] * NUM_BLOCKS
         for seq in self.live:
-            assert len(set(seq.block_table)) == len(seq.block_table)
-            for b in seq.block_table:
-                refs[b] += 1
-            for pos in range(seq.computed):  # every computed position reads this sequence's token
-                assert self.pool[(seq.block_table[pos // BLOCK], pos % BLOCK)] == seq.tokens[pos]
+            for spec, table in zip(SPECS, seq.block_tables):
+                assert len(set(table.ids)) == len(table.ids)
+                for b in table.ids:
+                    refs[b] += 1
+                # Every position the next query can read holds this sequence's token.
+                first = spec.first_needed_block(seq.num_computed_tokens, BLOCK) * BLOCK
+                for pos in range(first, seq.num_computed_tokens):
+                    assert self.pool[(table.block_of(pos, BLOCK), pos % BLOCK)] == seq.tokens[pos]
         assert refs == [b.ref_count for b in self.bm.blocks]
         assert set(self.bm.free) == {i for i, r in enumerate(refs) if r == 0}
-        for h, block_id in self.bm.cached.items():
-            assert self.bm.blocks[block_id].hash == h
+        for group, cached in enumerate(self.bm.cached):
+            for h, block_id in cached.items():
+                assert self.bm.blocks[block_id].hash == h and self.bm.blocks[block_id].group == group
 
 
 ops = st.lists(
@@ -72,31 +104,21 @@ def test_block_manager_invariants_hold_under_random_operations(operations):
     bm = world.bm
     for op in operations:
         if op[0] == "new":
-            seq = FakeSeq(list(op[1]))
-            if bm.can_allocate(seq):
-                bm.allocate(seq)
-                seq.computed = seq.num_cached_tokens
-                world.live.append(seq)
-                world.compute(seq)
+            world.admit(FakeSeq(list(op[1])))
         elif op[0] == "append" and world.live:
             seq = world.live[op[1] % len(world.live)]
             seq.tokens.append(op[2])
-            if bm.can_append(seq):
-                bm.append_slot(seq)
-                world.compute(seq)
-            else:
+            if not world.step(seq):
                 seq.tokens.pop()
         elif op[0] == "fork" and world.live:
             parent = world.live[op[1] % len(world.live)]
-            if bm.num_free_blocks:
+            if bm.can_fork(parent):
                 child = FakeSeq(list(parent.tokens))
-                copy = bm.fork(parent, child)
-                if copy is not None:
-                    src, dst = copy
+                for src, dst in bm.fork(parent, child):
                     for offset in range(BLOCK):
                         if (src, offset) in world.pool:
                             world.pool[(dst, offset)] = world.pool[(src, offset)]
-                child.computed = parent.computed
+                child.num_computed_tokens = parent.num_computed_tokens
                 world.live.append(child)
         elif op[0] == "free" and world.live:
             bm.free_sequence(world.live.pop(op[1] % len(world.live)))
@@ -106,33 +128,70 @@ def test_block_manager_invariants_hold_under_random_operations(operations):
     assert bm.num_free_blocks == NUM_BLOCKS and bm.usage == 0.0
 
 
+def test_window_group_frees_blocks_as_the_sequence_grows_and_full_group_keeps_all():
+    world = World(num_blocks=NUM_BLOCKS)
+    seq = FakeSeq([7] * 5)
+    assert world.admit(seq)
+    for _ in range(60):
+        seq.tokens.append(len(seq.tokens) % 3)
+        assert world.step(seq)
+        full, window = seq.block_tables
+        assert len(full.ids) == -(-len(seq.tokens) // BLOCK)
+        # The window group holds the blocks of the last WINDOW tokens and the one being filled, no more.
+        assert len(window.ids) <= -(-WINDOW // BLOCK) + 1
+        assert window.offset == max(0, len(seq.tokens) - WINDOW) // BLOCK  # first block the newest query read
+    world.bm.free_sequence(seq)
+    assert world.bm.num_free_blocks == NUM_BLOCKS  # freed window blocks went back to the pool
+
+
 def test_prefix_hit_reuses_full_blocks_but_never_the_last_token():
-    bm = BlockManager(16, BLOCK)
+    world = World(specs=[KVCacheSpec(None)])
     first = FakeSeq(list(range(10)))
-    bm.allocate(first)
-    bm.register_full_blocks(first, 10)
-    first_blocks = list(first.block_table)
-    bm.free_sequence(first)
+    world.admit(first)
+    first_blocks = list(first.block_tables[0].ids)
+    world.bm.free_sequence(first)
     again = FakeSeq(list(range(10)))
-    bm.allocate(again)
-    assert again.num_cached_tokens == 8 and again.block_table[:2] == first_blocks[:2]
+    world.admit(again)
+    assert again.num_cached_tokens == 8 and again.block_tables[0].ids[:2] == first_blocks[:2]
     exact = FakeSeq(list(range(8)))  # ends on a block boundary: its last block must be recomputed
-    bm.allocate(exact)
+    world.admit(exact)
     assert exact.num_cached_tokens == 4
 
 
+def test_window_prefix_is_reusable_only_while_its_window_blocks_are_held():
+    world = World(num_blocks=NUM_BLOCKS)
+    tokens = list(range(40))
+    donor = FakeSeq(list(tokens))
+    world.admit(donor)
+    world.bm.free_sequence(donor)
+    hit = world.bm.prefix_hit(FakeSeq(list(tokens)))
+    assert hit.num_tokens == 36  # every block but the one holding the last token
+    full, window = hit.tables
+    assert full.offset == 0 and len(full.ids) == 9
+    # The window group brings only the blocks the next query (position 36) reads: 31..35.
+    assert window.offset == (36 - WINDOW + 1) // BLOCK and len(window) == 9
+    # Evict the window group's copy of block 8 (tokens 32..35): no prefix past block 7 is servable,
+    # and a 7-block prefix needs the window group's blocks 6 and 7 (tokens 27..31 for position 28).
+    block8 = world.bm.cached[1][donor.block_hashes[8]]
+    world.bm.free.move_to_end(block8, last=False)
+    world.bm._take_free_block()
+    assert world.bm.prefix_hit(FakeSeq(list(tokens))).num_tokens == 32
+
+
 def test_freed_blocks_are_evicted_least_recently_freed_first():
-    bm = BlockManager(4, BLOCK)
+    world = World(specs=[KVCacheSpec(None)], num_blocks=4)
+    bm = world.bm
     a, b = FakeSeq([1] * 5), FakeSeq([2] * 5)
     for seq in (a, b):
-        bm.allocate(seq)
-        bm.register_full_blocks(seq, 5)
-    a_full, b_full = a.block_table[0], b.block_table[0]
+        world.admit(seq)
+    a_full, b_full = a.block_tables[0].ids[0], b.block_tables[0].ids[0]
+    a_hash = bm.blocks[a_full].hash
     bm.free_sequence(a)
     bm.free_sequence(b)
-    bm.allocate(FakeSeq([3] * 8))  # takes the two oldest free blocks: a's partial one, then a's full one
-    assert bm.cached.get(bm.blocks[b_full].hash) == b_full
+    world.live.clear()
+    world.admit(FakeSeq([3] * 8))  # takes the two oldest free blocks: a's partial one, then a's full one
+    assert bm.cached[0].get(bm.blocks[b_full].hash) == b_full
     hit = FakeSeq([2] * 5)
-    bm.allocate(hit)
-    assert hit.num_cached_tokens == 4 and hit.block_table[0] == b_full
-    assert a_full not in bm.cached.values()
+    world.admit(hit)
+    assert hit.num_cached_tokens == 4 and hit.block_tables[0].ids[0] == b_full
+    assert a_hash not in bm.cached[0]  # a's full block was evicted

@@ -13,7 +13,7 @@ Q = GGMLQuantizationType
 ROWS, COLS = 48, 768  # three 256-weight super-blocks per row
 
 # Types gguf.quants can quantize: round-trip real float data through them.
-QUANTIZABLE = [Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
+QUANTIZABLE = [Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0]
 # K-quants (gguf.quants only dequantizes them): random bytes, with finite float16 scales at these offsets.
 K_QUANT_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
@@ -83,4 +83,4 @@ def test_split_functions_expose_the_fields_int_kernels_repack():
 
 def test_supported_types_are_exactly_the_documented_ones():
     names = {q.name for q in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}

@@ -47,15 +47,20 @@ def test_config_matches_the_transformers_config(name, tiny_checkpoint, transform
     assert config.architecture == hf.model_type
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings",
-                  "hidden_act", "bos_token_id"):
+                  "bos_token_id"):
         assert getattr(config, field) == getattr(hf, field), field
+    gemma = hf.model_type == "gemma3_text"
+    assert config.hidden_act == (hf.hidden_activation if gemma else hf.hidden_act)
     assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
-    rope = dict(hf.rope_parameters)
+    rope = dict(hf.rope_parameters["full_attention"] if gemma else hf.rope_parameters)
     assert config.rope_theta == rope.pop("rope_theta")
     assert config.rope_scaling == (None if rope["rope_type"] == "default" else rope)
+    if gemma:  # local layers: their own RoPE base, the window; global ones: full attention
+        assert config.rope_local_theta == hf.rope_parameters["sliding_attention"]["rope_theta"]
+        assert config.layer_types == tuple(hf.layer_types)
     assert config.attention_bias == (hf.model_type == "qwen2")
-    assert config.qk_norm == (hf.model_type == "qwen3")
-    assert config.sliding_window == (hf.sliding_window if hf.model_type == "mistral" else None)
+    assert config.qk_norm == (hf.model_type in ("qwen3", "gemma3_text"))
+    assert config.sliding_window == (hf.sliding_window if hf.model_type in ("mistral", "gemma3_text") else None)
     assert config.eos_token_ids == (2,)
     assert checkpoint.path == tiny_checkpoint(name).resolve()
     assert checkpoint.file_bytes == (checkpoint.path / "model.safetensors").stat().st_size

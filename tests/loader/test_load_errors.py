@@ -123,11 +123,13 @@ def test_unsupported_model_type(tiny_checkpoint, tmp_path):
     assert "'gpt2'" in message and "llama, mistral, qwen2, qwen3" in message
 
 
-def test_pre_quantized_hf_checkpoint(tiny_checkpoint, tmp_path):
+def test_pre_quantized_hf_checkpoint_of_an_unsupported_method(tiny_checkpoint, tmp_path):
+    """GPTQ / AWQ directories load (tests/quant/test_quantized_load_errors.py has their failures)."""
     directory = hf_copy(tiny_checkpoint, tmp_path)
     config = json.loads((directory / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps(config | {"quantization_config": {"quant_method": "gptq"}}))
-    assert "gptq" in load_error(directory, UnsupportedModelError)
+    quantization = {"quant_method": "bitsandbytes", "bits": 4}
+    (directory / "config.json").write_text(json.dumps(config | {"quantization_config": quantization}))
+    assert "quant_method 'bitsandbytes' is not supported" in load_error(directory, UnsupportedModelError)
 
 
 def test_integer_safetensors_weight(tiny_checkpoint, tmp_path):
@@ -180,10 +182,10 @@ def test_unsupported_gguf_architecture(transformers_model, tmp_path):
 
 
 def test_unsupported_gguf_tensor_type(transformers_model, tmp_path):
-    qtypes = {"model.layers.0.self_attn.v_proj.weight": Q.Q5_0}
+    qtypes = {"model.layers.0.self_attn.v_proj.weight": Q.Q5_1}
     path = gguf_from(transformers_model, tmp_path / "model.gguf", qtypes=qtypes)
     message = load_error(path, UnsupportedModelError)
-    assert "blk.0.attn_v.weight" in message and "Q5_0" in message
+    assert "blk.0.attn_v.weight" in message and "Q5_1" in message
 
 
 def test_partial_rotary_gguf_is_unsupported(transformers_model, tmp_path):

@@ -1,0 +1,56 @@
+"""What a forward pass costs, from a model's config: matmul FLOPs and bytes read (the roofline's axes)."""
+
+from __future__ import annotations
+
+from llmpipe.config import ModelConfig
+from llmpipe.loader.weight_names import expected_weight_shapes
+
+
+def is_decoder_linear(name: str, shape: tuple[int, ...]) -> bool:
+    """A weight matrix inside a decoder block: multiplied by every token (and what quantization applies to)."""
+    return len(shape) == 2 and name.startswith("model.layers.")
+
+
+def decoder_linear_params(cfg: ModelConfig) -> int:
+    return sum(s[0] * s[1] for name, s in expected_weight_shapes(cfg).items() if is_decoder_linear(name, s))
+
+
+def attended(cfg: ModelConfig, context: float) -> float:
+    """Keys one query reads at this context (a sliding window caps it)."""
+    return min(context, cfg.sliding_window) if cfg.sliding_window else context
+
+
+def attention_flops(cfg: ModelConfig, keys: float) -> float:
+    """One query against `keys` cached positions in every layer: q·K and weights·V."""
+    return 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * keys
+
+
+def lm_head_flops(cfg: ModelConfig) -> int:
+    return 2 * cfg.hidden_size * cfg.vocab_size
+
+
+def prefill_flops(cfg: ModelConfig, prompt_len: int) -> float:
+    """A whole prompt: every token through the decoder's linears, causal attention, the LM head on the last."""
+    keys = sum(attended(cfg, i) for i in range(1, prompt_len + 1))
+    return 2 * decoder_linear_params(cfg) * prompt_len + attention_flops(cfg, keys) + lm_head_flops(cfg)
+
+
+def decode_flops(cfg: ModelConfig, context: float) -> float:
+    """One decoded token whose query attends `context` positions."""
+    return 2 * decoder_linear_params(cfg) + attention_flops(cfg, attended(cfg, context)) + lm_head_flops(cfg)
+
+
+def mean_decode_context(prompt_len: int, output_len: float) -> float:
+    """Positions attended per decode step, averaged over the steps that produce tokens 2…n."""
+    return prompt_len + output_len / 2
+
+
+def decode_step_bytes(cfg: ModelConfig, weight_bytes: float, kv_bytes_per_token: float, batch: int,
+                      context: float) -> float:
+    """A decode step of `batch` sequences reads every weight once and each sequence's cached K/V."""
+    return weight_bytes + batch * kv_bytes_per_token * attended(cfg, context)
+
+
+def prefill_bytes(weight_bytes: int, kv_bytes_per_token: int, tokens: int, chunk_tokens: int) -> float:
+    """Prefill reads the weights once per chunk of at most chunk_tokens and writes every token's K/V."""
+    return -(-tokens // chunk_tokens) * weight_bytes + tokens * kv_bytes_per_token

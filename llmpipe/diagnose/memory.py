@@ -1,0 +1,142 @@
+"""`llmpipe memory`: will a model fit, and how many sequences at once — planned from its config alone.
+
+Weights: the tensors runtime quantization converts (`llmpipe.quant.apply.quant_plan`: every linear
+layer and the LM head) at the quantized width, scales included (as `weight_bytes_per_param` counts
+them); norms, biases and an untied embedding stay in `dtype`. KV: `kv_bytes_per_token`, allocated
+in whole blocks per sequence, as the engine does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from llmpipe.config import DTYPES, ModelConfig
+from llmpipe.engine.kv_cache import kv_bytes_per_token, num_blocks_for
+from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.quant.apply import quant_plan
+from llmpipe.quant.formats import weight_bytes_per_param
+
+
+def _llama(hidden: int, inter: int, layers: int, heads: int, kv_heads: int | None = None, vocab: int = 32000,
+           context: int = 4096, rope_theta: float = 10000.0) -> ModelConfig:
+    return ModelConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+                       head_dim=hidden // heads, max_position_embeddings=context, rope_theta=rope_theta)
+
+
+# Published configs (config.json of each model), for planning without the checkpoint.
+NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
+    "llama-7b": _llama(4096, 11008, 32, 32),  # Llama 2 7B
+    "llama-13b": _llama(5120, 13824, 40, 40),  # Llama 2 13B: the seeds' "13B model" (40 layers, 5,120 hidden)
+    "llama-70b": _llama(8192, 28672, 80, 64, kv_heads=8),
+    "llama3-8b": _llama(4096, 14336, 32, 32, kv_heads=8, vocab=128256, context=8192, rope_theta=500000.0),
+    "mistral-7b": _llama(4096, 14336, 32, 32, kv_heads=8, context=32768),
+}
+
+NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
+
+
+@dataclass
+class WeightBytes:
+    params: int
+    quantized_params: int
+    resident: int  # what the engine holds: quantized weights with their scales, the rest in dtype
+    uniform: int  # every parameter at the nominal width, no scales: the seeds' arithmetic
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, group_size: int = 128,
+                 params: int | None = None) -> WeightBytes:
+    """Bytes of the model's weights. `params` rescales the architecture's mix of tensors to that
+    many parameters (e.g. `--params 7e9 --arch llama-7b`)."""
+    dtype_bytes = DTYPES[dtype].itemsize
+    shapes = expected_weight_shapes(cfg)
+    converted = set(quant_plan(list(shapes), quantization, group_size, None)) if quantization else set()
+    if not cfg.tie_word_embeddings:
+        converted.discard("model.embed_tokens.weight")  # only its rows are looked up: it stays float
+    counted = quantized = 0
+    resident = 0.0
+    for name, shape in shapes.items():
+        numel = math.prod(shape)
+        counted += numel
+        if name in converted:
+            quantized += numel
+            resident += numel * weight_bytes_per_param(quantization, dtype_bytes, group_size, shape[1])
+        else:
+            resident += numel * dtype_bytes
+    total = params or counted
+    scale = total / counted
+    nominal = NOMINAL_BYTES.get(quantization, dtype_bytes) if quantization else dtype_bytes
+    return WeightBytes(total, round(quantized * scale), round(resident * scale), round(total * nominal))
+
+
+def blocks_per_sequence(context: int, block_size: int) -> int:
+    return -(-context // block_size)
+
+
+@dataclass
+class MemoryPlan:
+    model: str
+    dtype: str
+    quantization: str | None
+    group_size: int
+    kv_cache_dtype: str
+    weights: WeightBytes
+    kv_bytes_per_token: int
+    context: int
+    block_size: int
+    kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them
+    batch: int
+    total_bytes: int  # weights + batch sequences of KV
+    memory: int | None = None
+    max_sequences: int | None = None  # at this context, in `memory`
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.max_sequences is None else self.max_sequences >= self.batch
+
+
+def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantization: str | None = None,
+                group_size: int = 128, kv_cache_dtype: str = "auto", context: int | None = None, batch: int = 1,
+                memory: int | None = None, block_size: int = 16, params: int | None = None) -> MemoryPlan:
+    context = context or cfg.max_position_embeddings
+    weights = weight_bytes(cfg, dtype, quantization, group_size, params)
+    per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
+    blocks = blocks_per_sequence(context, block_size)
+    per_sequence = blocks * block_size * per_token
+    plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
+                      block_size, per_sequence, batch, weights.resident + batch * per_sequence, memory)
+    if memory is not None:
+        kv_budget = max(memory - weights.resident, 0)
+        plan.max_sequences = num_blocks_for(kv_budget, cfg, block_size, DTYPES[dtype], kv_cache_dtype) // blocks
+    plan.notes = rounding_notes(plan)
+    return plan
+
+
+def rounding_notes(plan: MemoryPlan) -> list[str]:
+    """Where round figures (like the seeds' "about 1 MiB per token") part from the exact ones."""
+    w, notes = plan.weights, []
+    if w.uniform != w.resident:
+        width = NOMINAL_BYTES.get(plan.quantization, DTYPES[plan.dtype].itemsize)
+        why = []
+        if w.quantized_params:
+            scales = w.resident - w.uniform - (w.params - w.quantized_params) * (DTYPES[plan.dtype].itemsize - width)
+            why.append(f"{scales / 1e9:.2f} GB of scales ({plan.quantization}"
+                       + (f", groups of {plan.group_size})" if plan.quantization == "int4" else ", one per row)"))
+        if w.quantized_params < w.params:
+            why.append(f"{w.params - w.quantized_params:,} parameters left in {plan.dtype} (norms, untied embedding)")
+        notes.append(f"{w.params:,} parameters × {width:g} B = {w.uniform / 1e9:.2f} GB is the every-parameter-at-"
+                     f"nominal-width figure (the seeds' arithmetic); resident {w.resident / 1e9:.2f} GB adds "
+                     + " and ".join(why))
+    mib = plan.kv_bytes_per_token / 2**20
+    rounded = round(mib)
+    if rounded >= 1 and abs(rounded - mib) / mib > 0.05:
+        notes.append(f"KV per token is {mib:.2f} MiB; rounded to {rounded} MiB it would give "
+                     f"{rounded * plan.context / 1024:g} GiB at {plan.context:,} tokens instead of "
+                     f"{plan.kv_bytes_per_token * plan.context / 2**30:.3f} GiB")
+    if plan.context % plan.block_size:
+        slots = blocks_per_sequence(plan.context, plan.block_size) * plan.block_size
+        notes.append(f"a sequence takes whole blocks of {plan.block_size} tokens: {plan.context:,} tokens "
+                     f"occupy {slots:,} slots")
+    return notes

@@ -1,0 +1,1 @@
+"""Measuring quality: sliding-window perplexity on a text that ships with llmpipe."""

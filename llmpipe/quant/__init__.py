@@ -1,0 +1,1 @@
+"""Weight and KV-cache quantization: formats, kernels, and the GPTQ / AWQ calibrated methods."""

@@ -1,0 +1,89 @@
+"""Which linear layers get which weight format, and swapping them into a model before it is loaded.
+
+A plan maps checkpoint tensor names to formats: ("int8", None) or ("int4", group_size). Runtime
+round-to-nearest puts every linear weight in one format; a GGUF in "auto" mode keeps each
+Q4_0 / Q4_1 / Q8_0 tensor (and a GPTQ / AWQ directory each quantized tensor) in the format it
+already is.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from llmpipe.layers.linear import Linear
+from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
+
+WeightFormat = tuple[str, int | None]
+QuantPlan = dict[str, WeightFormat]  # checkpoint name → format
+
+
+def quant_plan(
+    names: list[str],
+    quantization: str | None,
+    group_size: int,
+    native_format: Callable[[str], WeightFormat | None] | None,
+) -> QuantPlan:
+    """Formats for the linear weights among `names` (2-D `.weight` tensors other than norms)."""
+    linear_names = [n for n in names if n.endswith("proj.weight") or n in ("lm_head.weight", "model.embed_tokens.weight")]
+    if quantization in ("int8", "int4"):
+        fmt: WeightFormat = (quantization, group_size if quantization == "int4" else None)
+        return {n: fmt for n in linear_names}
+    if quantization == "auto" and native_format is not None:
+        formats = {name: native_format(name) for name in linear_names}
+        return {name: fmt for name, fmt in formats.items() if fmt is not None}
+    return {}
+
+
+def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embeddings: bool) -> dict[str, WeightFormat]:
+    """Checkpoint names → the model's module paths (stacked q/k/v take q_proj's format)."""
+    modules: dict[str, WeightFormat] = {}
+    for name, fmt in plan.items():
+        if name == "model.embed_tokens.weight":
+            if tied_embeddings:
+                modules["lm_head"] = fmt
+            continue
+        modules.setdefault(target_of(name).removesuffix(".weight"), fmt)
+    return modules
+
+
+class TiedQuantizedEmbedding(nn.Module):
+    """An embedding that shares its quantized matrix with the LM head: rows are dequantized on lookup."""
+
+    def __init__(self, head: Int4Linear | Int8Linear, dtype: torch.dtype):
+        super().__init__()
+        self.head, self.dtype = head, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.embed(ids).to(self.dtype)
+
+
+def new_quantized_linear(
+    in_features: int, out_features: int, bias: bool, fmt: WeightFormat, dtype: torch.dtype
+) -> QuantizedLinear:
+    kind, group = fmt
+    cls = Int8Linear if kind == "int8" else Int4Linear
+    module: QuantizedLinear = cls(in_features, out_features, bias, group)
+    if module.bias is not None:
+        module.bias.data = module.bias.data.to(dtype)
+    return module
+
+
+def quantize_linears(model: nn.Module, plan: dict[str, WeightFormat], dtype: torch.dtype) -> None:
+    """Swap the model's Linear modules named in `plan` (module path → format) for quantized twins.
+
+    The key "lm_head" on a model with tied embeddings creates a quantized head that the
+    embedding then reads its rows from (one copy of the matrix, not a float one plus a quantized one).
+    """
+    for path, module in list(model.named_modules()):
+        if isinstance(module, Linear) and path in plan:
+            twin = new_quantized_linear(module.in_features, module.out_features, module.bias is not None, plan[path], dtype)
+            twin.shard_sizes = getattr(module, "shard_sizes", twin.shard_sizes)
+            parent, _, attr = path.rpartition(".")
+            setattr(model.get_submodule(parent), attr, twin)
+    if getattr(model, "lm_head", None) is None and "lm_head" in plan:
+        embed = model.model.embed_tokens
+        model.lm_head = new_quantized_linear(embed.embedding_dim, embed.num_embeddings, False, plan["lm_head"], dtype)
+        model.model.embed_tokens = TiedQuantizedEmbedding(model.lm_head, dtype)

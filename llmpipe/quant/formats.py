@@ -1,0 +1,81 @@
+"""Quantized weight formats, as plain tensors: what loaders produce and quantized layers consume.
+
+Both formats quantize along the input dimension of a [out, in] weight, row by row, so rows of
+different checkpoint tensors (q/k/v, gate/up) can be stacked without requantizing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+QUANTIZATIONS = ("int8", "int4")
+
+
+@dataclass
+class Int8Weight:
+    """Symmetric: w[o, i] = q[o, i] * scale[o] (per output channel), or with `group_size` set
+    * scale[o, i // group_size] (GGUF Q8_0: groups of 32)."""
+
+    q: torch.Tensor  # int8 [out, in]
+    scale: torch.Tensor  # float32 [out] or [out, in // group_size]
+    group_size: Optional[int] = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        if self.group_size is None:
+            return self.q.float() * self.scale[:, None]
+        return (self.q.float().unflatten(1, (-1, self.group_size)) * self.scale[..., None]).flatten(1)
+
+
+@dataclass
+class Int4Weight:
+    """Group-wise asymmetric: w[o, i] = q[o, i] * scale[o, g] + offset[o, g], g = i // group_size.
+
+    The scale + offset form (rather than (q - zero) * scale) represents GGUF Q4_1 blocks exactly
+    (d, m) and GPTQ / AWQ ones too (offset = -zero * scale). `in_perm`, when set, is GPTQ act-order:
+    column j of this weight is column in_perm[j] of the original, so groups stay contiguous here
+    and the layer gathers its input columns in that order.
+    """
+
+    q: torch.Tensor  # uint8 [out, in], values 0..15 (unpacked; kernels pack as they need)
+    # float32 [out, ceil(in / group_size)]: the last group may be narrower (SmolLM2's 576 at g128)
+    scale: torch.Tensor
+    offset: torch.Tensor
+    group_size: int
+    in_perm: Optional[torch.Tensor] = None  # int64 [in]
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def dequantize(self) -> torch.Tensor:
+        """The float weight in the original column order."""
+        in_features = self.q.shape[1]
+        scale = self.scale.repeat_interleave(self.group_size, dim=1)[:, :in_features]
+        offset = self.offset.repeat_interleave(self.group_size, dim=1)[:, :in_features]
+        w = self.q.float() * scale + offset
+        if self.in_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.in_perm] = w
+        return out
+
+
+QuantizedWeight = Int8Weight | Int4Weight
+
+
+def weight_bytes_per_param(quantization: Optional[str], dtype_bytes: int, group_size: int, in_features: int) -> float:
+    """Resident bytes per weight element, scales included (what `llmpipe memory` plans with)."""
+    if quantization is None:
+        return float(dtype_bytes)
+    if quantization == "int8":
+        return 1 + 4 / in_features  # one float32 scale per output row
+    if quantization == "int4":
+        return 0.5 + 8 / group_size  # float32 scale and offset per group
+    raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {quantization!r}")

@@ -1,0 +1,177 @@
+"""Quantized linear layers: drop-in twins of `llmpipe.layers.linear.Linear` holding INT8 or INT4 weights.
+
+Decode (up to KERNEL_MAX_BATCH rows) runs the fused dequantize-matmul kernels of
+`llmpipe.quant.kernels`, which read 4 or 8 bits per weight instead of 32 — decode is bound by
+those bytes. Larger batches (prefill) are compute-bound: they dequantize the weight and run the
+float GEMM. Either way the result is the float model's with the dequantized weight, to float32
+rounding.
+
+Stacked layers (q/k/v, gate/up) receive their checkpoint tensors one shard at a time; quantized
+rows are staged until every shard has arrived and then packed once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from llmpipe.layers.linear import linear
+from llmpipe.quant import kernels
+from llmpipe.quant.formats import Int4Weight, Int8Weight, QuantizedWeight
+from llmpipe.quant.rtn import quantize_int4, quantize_int8
+
+CHUNK = kernels.CHUNK
+# Up to this many rows, the kernel runs on slices of kernels.MAX_ROWS (reading the weight once per
+# slice); above it, dequantizing once and running the float GEMM is faster (`llmpipe bench latency`).
+KERNEL_MAX_BATCH = 32
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class QuantizedLinear(nn.Module):
+    """Common part: shapes, bias, shard staging, the kernel-or-GEMM choice."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int | None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        # Kernel layout: K padded to whole groups and 32-element chunks (zeros in x meet the padding).
+        self.group_size = group_size or _round_up(in_features, CHUNK)
+        self.padded_in = _round_up(in_features, self.group_size)
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.shard_sizes: tuple[int, ...] = (out_features,)
+        self._staged: dict[int, QuantizedWeight] = {}
+
+    @property
+    def num_groups(self) -> int:
+        return self.padded_in // self.group_size
+
+    def load_shard(self, shard: int | None, tensor: torch.Tensor | QuantizedWeight) -> None:
+        """Take one checkpoint tensor (float: quantized here; or already quantized) for rows `shard`."""
+        self._staged[shard or 0] = self.quantize(tensor) if isinstance(tensor, torch.Tensor) else tensor
+        if len(self._staged) == len(self.shard_sizes):
+            shards = [self._staged.pop(i) for i in range(len(self.shard_sizes))]
+            self.pack(shards)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.kernel_input(x)
+        if x.shape[0] > KERNEL_MAX_BATCH or x.device.type != "cpu" or not kernels.available():
+            return linear(x, self.kernel_weight().to(x.dtype), self.bias)
+        rows = x.float().contiguous().split(kernels.MAX_ROWS)
+        y = torch.cat([self.kernel(part) for part in rows]) if len(rows) > 1 else self.kernel(rows[0])
+        y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.padded_in == self.in_features else F.pad(x, (0, self.padded_in - self.in_features))
+
+    def dequantize(self) -> torch.Tensor:
+        """Float weight [out, in] in the checkpoint's column order."""
+        return self.kernel_weight()[:, : self.in_features]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` as float: the lookup of an embedding tied to this (LM head) weight."""
+        return self.kernel_weight(ids)[:, : self.in_features]
+
+    def _check_group(self, shards: list, group_size: int | None) -> None:
+        if any(s.group_size != group_size for s in shards):
+            raise ValueError(f"{type(self).__name__}: shards must have group size {group_size}")
+
+    def quantize(self, w: torch.Tensor) -> QuantizedWeight:
+        raise NotImplementedError
+
+    def pack(self, shards: list) -> None:
+        raise NotImplementedError
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The float weight [out (or rows), padded_in] the kernel multiplies kernel_input(x) by."""
+        raise NotImplementedError
+
+
+class Int8Linear(QuantizedLinear):
+    """Symmetric INT8: w = q * scale[row, group]; one group per row unless group_size is set (Q8_0: 32)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int | None = None):
+        super().__init__(in_features, out_features, bias, group_size)
+        self.register_buffer("q", torch.empty(out_features, self.padded_in, dtype=torch.int8))
+        self.register_buffer("scale", torch.empty(out_features, self.num_groups))
+
+    def quantize(self, w: torch.Tensor) -> Int8Weight:
+        if self.group_size != self.padded_in:
+            raise ValueError("float weights quantize to per-channel int8 only; grouped int8 comes from GGUF Q8_0")
+        return quantize_int8(w)
+
+    def pack(self, shards: list[Int8Weight]) -> None:
+        for s in shards:
+            if s.group_size is None:  # per-channel: one group spanning the row
+                s.scale, s.group_size = s.scale.reshape(-1, 1), self.group_size
+        self._check_group(shards, self.group_size)
+        q = torch.cat([s.q for s in shards])
+        self.q.copy_(F.pad(q, (0, self.padded_in - q.shape[1])))
+        self.scale.copy_(torch.cat([s.scale for s in shards]))
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_linear(x, self.q, self.scale, self.group_size)
+
+    def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
+        return (q.float().unflatten(1, (-1, self.group_size)) * scale[..., None]).flatten(1)
+
+
+class Int4Linear(QuantizedLinear):
+    """Group-wise asymmetric INT4: w = q * scale[row, group] + offset[row, group], two codes a byte
+    (per 32-element chunk: element j in the low nibble of byte j, element j + 16 in the high one)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128):
+        super().__init__(in_features, out_features, bias, group_size)
+        self.register_buffer("codes", torch.empty(out_features, self.padded_in // 2, dtype=torch.uint8))
+        self.register_buffer("scale", torch.empty(out_features, self.num_groups))
+        self.register_buffer("offset", torch.empty(out_features, self.num_groups))
+        self.register_buffer("in_perm", None)  # GPTQ act-order: the kernel reads x[:, in_perm]
+
+    def quantize(self, w: torch.Tensor) -> Int4Weight:
+        return quantize_int4(w, self.group_size)
+
+    def pack(self, shards: list[Int4Weight]) -> None:
+        self._check_group(shards, self.group_size)
+        perms = {None if s.in_perm is None else tuple(s.in_perm.tolist()) for s in shards}
+        if len(perms) > 1:
+            raise ValueError("stacked int4 shards must share one act-order permutation")
+        q = torch.cat([s.q for s in shards])
+        chunks = F.pad(q, (0, self.padded_in - q.shape[1])).view(q.shape[0], -1, 2, CHUNK // 2)
+        self.codes.copy_((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).flatten(1))
+        self.scale.copy_(torch.cat([s.scale for s in shards]))
+        self.offset.copy_(torch.cat([s.offset for s in shards]))
+        if shards[0].in_perm is not None:
+            self.in_perm = shards[0].in_perm.to(self.codes.device)
+
+    def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
+        return super().kernel_input(x if self.in_perm is None else x.index_select(1, self.in_perm))
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
+
+    def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        codes, scale, offset = (self.codes, self.scale, self.offset) if rows is None else (
+            self.codes[rows], self.scale[rows], self.offset[rows]
+        )
+        chunks = codes.view(codes.shape[0], -1, CHUNK // 2)
+        q = torch.stack([chunks & 15, chunks >> 4], dim=2).flatten(1).float()
+        return (q.unflatten(1, (-1, self.group_size)) * scale[..., None] + offset[..., None]).flatten(1)
+
+    def dequantize(self) -> torch.Tensor:
+        w = super().dequantize()
+        if self.in_perm is None:
+            return w
+        out = torch.empty_like(w)
+        out[:, self.in_perm] = w
+        return out
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        w = super().embed(ids)
+        return w if self.in_perm is None else w[:, torch.argsort(self.in_perm)]

@@ -1,0 +1,51 @@
+"""`llmpipe serve`: load the model, then serve it over HTTP until SIGINT / SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+
+def add_serve_parser(sub) -> None:
+    from llmpipe.cli import add_engine_args
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with /metrics and a web playground")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (all but /health and /)")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    serve.add_argument("--max-waiting", type=int, default=512, help="queued requests before new ones get 503")
+    serve.add_argument(
+        "--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get to finish on SIGINT/SIGTERM"
+    )
+    add_engine_args(serve)
+    serve.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from llmpipe.cli import engine_kwargs
+    from llmpipe.llm import LLM
+    from llmpipe.server.app import create_app
+
+    class DrainingServer(uvicorn.Server):
+        """On SIGINT / SIGTERM: stop accepting, let in-flight requests finish for --shutdown-timeout
+        seconds, then end the rest with an error event (streams) or a 503, and exit 0."""
+
+        def handle_exit(self, sig: int, frame) -> None:
+            if not self.should_exit:
+                app.state.server.engine.drain_threadsafe(args.shutdown_timeout)
+            super().handle_exit(sig, frame)
+
+    llm = LLM(args.model, **engine_kwargs(args))
+    app = create_app(llm, args.served_model_name or args.model, api_key=args.api_key, max_waiting=args.max_waiting)
+    print(f"llmpipe: serving {args.model} on http://{args.host}:{args.port} (playground at /)", file=sys.stderr)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 5
+    )
+    # uvicorn re-raises the signal it caught once it has shut down; by then there is nothing left to do.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    DrainingServer(config).run()

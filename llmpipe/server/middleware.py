@@ -1,0 +1,68 @@
+"""ASGI guards that run before routing: the body-size limit (413) and the API key (401)."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from llmpipe.server.errors import error_response
+
+# Paths that need no API key: the liveness probe, the playground page, the API description.
+OPEN_PATHS = frozenset({"/health", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+
+
+class BodyLimit:
+    """Reads the whole body up front (refusing one over max_bytes), then replays it to the app."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit():
+            return await error_response(400, "Content-Length must be a number of bytes")(scope, receive, send)
+        if int(length) > self.max_bytes:
+            return await self._too_large(scope, receive, send)
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                return await self._too_large(scope, receive, send)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: the disconnect notice
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"request body is over the limit of {self.max_bytes} bytes"
+        await error_response(413, message)(scope, receive, send)
+
+
+class ApiKey:
+    """Bearer-token check, in constant time, on every path but OPEN_PATHS."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = error_response(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)

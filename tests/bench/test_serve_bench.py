@@ -1,0 +1,90 @@
+"""`llmpipe bench serve` against a live server: counts agree with the server's own /metrics, the
+arithmetic with hand-computed figures, and failures are counted, not raised."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+
+import pytest
+
+from llmpipe import LLM
+from llmpipe.bench.serve import RequestResult, poisson_arrivals, summarize
+from llmpipe.cli import main
+from tests.server.conftest import live_server, metric
+
+NUM, INPUT_LEN, OUTPUT_LEN = 6, 12, 5
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoint):
+    with live_server(LLM(str(tiny_checkpoint("llama_gqa")), progress=False)) as url:
+        yield url
+
+
+def bench(url: str, tmp_path, *extra: str) -> dict:
+    args = ["bench", "serve", "--base-url", url, "--num-prompts", str(NUM), "--input-len", str(INPUT_LEN),
+            "--output-len", str(OUTPUT_LEN), "--vocab-size", "300", "--json", str(tmp_path / "serve.json"), *extra]
+    assert main(args) == 0
+    return json.loads((tmp_path / "serve.json").read_text())
+
+
+def test_bench_counts_match_the_servers_metrics_and_draws_a_plot(url, tmp_path):
+    before = [metric(url, f"llmpipe:{name}_tokens_total") for name in ("prompt", "generation")]
+    report = bench(url, tmp_path, "--max-concurrency", "1", "4", "--request-rate", "50", "--plot", str(tmp_path / "s.png"))
+    after = [metric(url, f"llmpipe:{name}_tokens_total") for name in ("prompt", "generation")]
+    assert [run["max_concurrency"] for run in report["runs"]] == [1, 4]
+    for run in report["runs"]:
+        assert (run["completed"], run["failed"]) == (NUM, 0)
+        assert run["total_input_tokens"] == NUM * INPUT_LEN and run["total_output_tokens"] == NUM * OUTPUT_LEN
+        assert run["output_throughput"] == pytest.approx(NUM * OUTPUT_LEN / run["duration_s"])
+        for name in ("ttft", "tpot", "itl", "e2e"):
+            stats = run[name]
+            assert 0 < stats["p50_ms"] <= stats["p90_ms"] <= stats["p99_ms"]
+        assert run["ttft"]["mean_ms"] < run["e2e"]["mean_ms"]
+    assert after[0] - before[0] == 2 * NUM * INPUT_LEN
+    assert after[1] - before[1] == 2 * NUM * OUTPUT_LEN
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unreachable_server_counts_failures(tmp_path):
+    report = bench("http://127.0.0.1:9", tmp_path, "--model", "m", "--timeout", "5")
+    run = report["runs"][0]
+    assert (run["completed"], run["failed"]) == (0, NUM)
+    assert run["errors"] and run["ttft"]["mean_ms"] is None
+
+
+def test_summary_arithmetic_by_hand():
+    results = [
+        RequestResult(ok=True, prompt_tokens=10, output_tokens=5, ttft=0.1, latency=0.5, itl=[0.1] * 4),
+        RequestResult(ok=True, prompt_tokens=10, output_tokens=3, ttft=0.3, latency=0.7, itl=[0.2, 0.2]),
+        RequestResult(ok=False, error="HTTP 503"),
+    ]
+    s = summarize(results, duration=2.0)
+    assert (s["completed"], s["failed"], s["errors"]) == (2, 1, ["HTTP 503"])
+    assert s["request_throughput"] == 1.0 and s["output_throughput"] == 4.0 and s["total_token_throughput"] == 14.0
+    assert s["ttft"]["mean_ms"] == pytest.approx(200) and s["ttft"]["p50_ms"] == pytest.approx(200)
+    assert s["tpot"]["mean_ms"] == pytest.approx((100 + 200) / 2)  # (0.5-0.1)/4 and (0.7-0.3)/2
+    assert s["itl"]["p50_ms"] == pytest.approx(100) and s["itl"]["p99_ms"] == pytest.approx(200)
+    assert s["e2e"]["p90_ms"] == pytest.approx(500 + 0.9 * 200)
+
+
+def test_poisson_arrival_gaps_average_one_over_the_rate(monkeypatch):
+    gaps = []
+
+    async def record(seconds):
+        gaps.append(seconds)
+
+    monkeypatch.setattr(asyncio, "sleep", record)
+
+    async def drain(rate):
+        return [i async for i in poisson_arrivals(4001, rate, random.Random(1))]
+
+    assert asyncio.run(drain(20.0)) == list(range(4001))
+    assert statistics.mean(gaps) == pytest.approx(1 / 20, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 20, rel=0.07)  # exponential: stdev = mean
+    gaps.clear()
+    asyncio.run(drain(float("inf")))
+    assert gaps == []

@@ -1,0 +1,142 @@
+"""`llmpipe memory`: the seeds' figures, parameter counts against transformers, bytes by hand."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from llmpipe.cli import main
+from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, plan_memory, weight_bytes
+from llmpipe.quant.formats import weight_bytes_per_param
+
+SEED_PARAMS = 7_000_000_000
+
+
+@pytest.mark.parametrize(
+    "dtype,quantization,seed_gb",
+    [("float32", None, 28), ("float16", None, 14), ("bfloat16", None, 14), ("float16", "int8", 7),
+     ("float16", "int4", 3.5)],
+)
+def test_seed_7b_weights_at_each_width(dtype, quantization, seed_gb):
+    w = weight_bytes(NAMED_ARCHITECTURES["llama-7b"], dtype, quantization, params=SEED_PARAMS)
+    assert w.params == SEED_PARAMS
+    assert w.uniform == seed_gb * 10**9  # the seeds' arithmetic is exact in decimal GB
+    if quantization is None:
+        assert w.resident == w.uniform
+    else:  # scales and the float leftovers (norms, the untied embedding) cost a little more
+        assert seed_gb * 10**9 < w.resident < 1.3 * seed_gb * 10**9
+
+
+def test_seed_13b_kv_cache_per_token_and_at_4k():
+    plan = plan_memory(NAMED_ARCHITECTURES["llama-13b"], "llama-13b", dtype="float16", context=4096)
+    assert plan.kv_bytes_per_token == 2 * 40 * 5120 * 2 == 819_200  # K and V × layers × hidden × 2 bytes
+    assert plan.kv_bytes_per_token / 2**20 == 0.78125  # the seeds' "about 1 MiB"
+    assert plan.kv_bytes_per_sequence == 819_200 * 4096
+    assert plan.kv_bytes_per_sequence / 2**30 == 3.125  # the seeds' "about 4 GiB"
+    assert any("1 MiB" in note and "4 GiB" in note and "3.125 GiB" in note for note in plan.notes)
+
+
+LLAMA2_PUBLISHED = {"llama-7b": 6_738_415_616, "llama-13b": 13_015_864_320}
+
+
+@pytest.mark.parametrize("arch", sorted(NAMED_ARCHITECTURES))
+def test_named_architectures_count_parameters_like_transformers(arch):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = NAMED_ARCHITECTURES[arch]
+    hf = LlamaConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                     num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+                     num_key_value_heads=cfg.num_key_value_heads, tie_word_embeddings=cfg.tie_word_embeddings)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    expected = sum(p.numel() for p in model.parameters())
+    assert weight_bytes(cfg, "float32").params == expected
+    assert weight_bytes(cfg, "float16").resident == 2 * expected
+    if arch in LLAMA2_PUBLISHED:
+        assert expected == LLAMA2_PUBLISHED[arch]
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+def test_quantized_bytes_cover_every_linear_and_the_head(quantization):
+    """Llama 7B listed by hand: seven linears per layer and the LM head quantized; the untied
+    embedding and the norms stay float16."""
+    layers, hidden, inter, vocab = 32, 4096, 11008, 32000
+    linears = [(hidden, hidden)] * 4 + [(inter, hidden)] * 2 + [(hidden, inter)]  # (out, in)
+
+    def quantized(out: int, inp: int) -> float:
+        return out * inp * weight_bytes_per_param(quantization, 2, 128, inp)
+
+    expected = layers * sum(quantized(o, i) for o, i in linears) + quantized(vocab, hidden)
+    expected += 2 * (vocab * hidden + (2 * layers + 1) * hidden)
+    w = weight_bytes(NAMED_ARCHITECTURES["llama-7b"], "float16", quantization, group_size=128)
+    assert w.resident == round(expected)
+    assert w.quantized_params == layers * sum(o * i for o, i in linears) + vocab * hidden
+
+
+def test_max_sequences_fill_the_memory_left_after_weights():
+    cfg = NAMED_ARCHITECTURES["llama-13b"]
+    memory = 40 * 2**30
+    plan = plan_memory(cfg, "llama-13b", dtype="float16", context=4096, memory=memory, batch=5)
+    weights = 2 * 13_015_864_320
+    assert plan.max_sequences == (memory - weights) // (819_200 * 4096) == 5
+    assert plan.fits
+    assert not plan_memory(cfg, "llama-13b", dtype="float16", context=4096, memory=memory, batch=6).fits
+    # int8 KV: 128 bytes + a 2-byte scale per head vector instead of 256 bytes
+    int8 = plan_memory(cfg, "llama-13b", dtype="float16", kv_cache_dtype="int8", context=4096, memory=memory)
+    assert int8.kv_bytes_per_token == 2 * 40 * 40 * (128 + 2)
+    assert int8.max_sequences == (memory - weights) // (int8.kv_bytes_per_token * 4096)
+
+
+def test_sequences_take_whole_blocks():
+    plan = plan_memory(NAMED_ARCHITECTURES["llama-13b"], "llama-13b", dtype="float16", context=4100, block_size=16)
+    assert plan.kv_bytes_per_sequence == math.ceil(4100 / 16) * 16 * 819_200
+    assert any("4,112 slots" in note for note in plan.notes)
+
+
+def test_memory_command_prints_the_seed_figures(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["memory", "--arch", "llama-13b", "--dtype", "float16", "--context", "4096", "--memory", "24GiB",
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "819,200 B" in text and "3.125 GiB" in text and "does not fit" in text
+    plan = json.loads(out.read_text())
+    assert plan["kv_bytes_per_token"] == 819_200 and plan["max_sequences"] == 0 and plan["fits"] is False
+    assert main(["memory", "--params", "7e9", "--dtype", "float32"]) == 0
+    assert "28 GB" in capsys.readouterr().out
+
+
+def test_memory_command_reads_a_checkpoint_config(capsys, tiny_checkpoint, tmp_path):
+    directory = tiny_checkpoint("llama_gqa")
+    config = json.loads((directory / "config.json").read_text())
+    out = tmp_path / "plan.json"
+    assert main(["memory", "--model", str(directory), "--context", "100", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
+    assert plan["kv_bytes_per_token"] == per_token
+    assert plan["kv_bytes_per_sequence"] == 112 * per_token  # 100 tokens in 7 blocks of 16
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--arch", "llama-7b", "--memory", "lots"], "--memory"),
+    ([], "--model, --arch or --params"),
+    (["--model", "/no/such/dir"], "/no/such/dir"),
+])
+def test_memory_errors_are_one_line(capsys, args, message):
+    assert main(["memory", *args]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("llmpipe: error:") and message in err[0]
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+def test_plan_matches_what_the_engine_holds(tiny_checkpoint, quantization):
+    from llmpipe.llm import LLM
+
+    llm = LLM(str(tiny_checkpoint("llama_gqa")), quantization=quantization, group_size=32, progress=False,
+              kv_cache_memory="16MiB")
+    planned = weight_bytes(llm.engine.config.model_config, "float32", quantization, group_size=32).resident
+    if quantization is None:
+        assert planned == llm.engine.weight_bytes
+    else:  # the engine's packing (bf16 scales, padded row blocks) differs from the plan's by a little
+        assert planned == pytest.approx(llm.engine.weight_bytes, rel=0.03)

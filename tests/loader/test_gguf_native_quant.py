@@ -1,0 +1,67 @@
+"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept quantized: the same model as the dequantized float one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from llmpipe import LLM, SamplingParams
+from llmpipe.quant.linear import Int4Linear, Int8Linear
+from tests.models.test_llama_parity import PROMPT
+
+QTYPES = {
+    "model.layers.0.self_attn.q_proj.weight": Q.Q4_1,
+    "model.layers.0.self_attn.k_proj.weight": Q.Q4_1,
+    "model.layers.0.self_attn.v_proj.weight": Q.Q4_1,
+    "model.layers.0.mlp.gate_proj.weight": Q.Q4_0,
+    "model.layers.0.mlp.up_proj.weight": Q.Q4_0,
+    "model.layers.1.self_attn.o_proj.weight": Q.Q8_0,
+    "lm_head.weight": Q.Q8_0,
+}
+
+
+def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny_gguf):
+    path = str(tiny_gguf("llama_gqa", QTYPES))
+    native, dense = LLM(path, progress=False), LLM(path, dtype="float32", progress=False)
+    layers = native.engine.model.model.layers
+    assert isinstance(layers[0].self_attn.qkv_proj, Int4Linear) and layers[0].self_attn.qkv_proj.group_size == 32
+    assert isinstance(layers[0].mlp.gate_up_proj, Int4Linear)
+    assert isinstance(layers[1].self_attn.o_proj, Int8Linear) and layers[1].self_attn.o_proj.group_size == 32
+    assert isinstance(native.engine.model.lm_head, Int8Linear)
+    assert not isinstance(layers[1].mlp.down_proj, (Int4Linear, Int8Linear))  # float in the file: stays float
+    assert native.engine.weight_bytes < dense.engine.weight_bytes
+    torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
+    torch.testing.assert_close(native.engine.score(PROMPT[:5]), dense.engine.score(PROMPT[:5]), atol=1e-4, rtol=0)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = [{"prompt_token_ids": PROMPT}]
+    assert native.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids == \
+        dense.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_an_explicit_float_dtype_dequantizes(tiny_gguf):
+    llm = LLM(str(tiny_gguf("llama_gqa", QTYPES)), dtype="float32", progress=False)
+    assert not any(isinstance(m, (Int4Linear, Int8Linear)) for m in llm.engine.model.modules())
+
+
+@pytest.mark.slow
+def test_smollm2_runs_q4_1_in_fewer_bytes_than_its_file(smollm2_gguf):
+    llm = LLM("smollm2-135m-instruct", progress=False)
+    assert isinstance(llm.engine.model.model.layers[0].mlp.gate_up_proj, Int4Linear)
+    assert llm.engine.weight_bytes < 1.3 * smollm2_gguf.stat().st_size  # float32 would be ~5x the file
+
+
+@pytest.mark.slow
+def test_smollm2_int4_greedy_matches_dequantized_float32_up_to_a_near_tie():
+    """The demo prompt: greedy tokens of the Q4_1-kept model equal the dequantized float32 model's,
+    up to the first step where the float run's top-2 logit margin is below 0.01."""
+    chat = [{"role": "user", "content": "How does inference work?"}]
+    params = SamplingParams(temperature=0.0, max_tokens=96)
+    dense = LLM("smollm2-135m-instruct", dtype="float32", progress=False)
+    float_out = dense.chat(chat, params)[0]
+    prompt, ref = float_out.prompt_token_ids, float_out.outputs[0].token_ids
+    logits = dense.engine.score(prompt + ref)[len(prompt) - 1 : len(prompt) - 1 + len(ref)]
+    top2 = logits.topk(2, dim=-1).values
+    near_tie = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.01), len(ref))
+    ours = LLM("smollm2-135m-instruct", progress=False).chat(chat, params)[0].outputs[0].token_ids
+    assert ours[:near_tie] == ref[:near_tie]

@@ -1,0 +1,115 @@
+"""Quantized linear layers against the reference: dequantize the weight, then a float64 matmul."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmpipe.quant import kernels
+from llmpipe.quant.formats import Int4Weight, Int8Weight
+from llmpipe.quant.linear import Int4Linear, Int8Linear
+
+ROWS = (1, 3, 8, 9, 40)  # one kernel call, slices of kernel calls, dequantize + GEMM (> 32)
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ weight.double().T
+    return y if bias is None else y + bias.double()
+
+
+def assert_matches_reference(layer, weight: torch.Tensor) -> None:
+    torch.manual_seed(1)
+    for rows in ROWS:
+        x = torch.randn(rows, layer.in_features)
+        expected = reference(x, weight, layer.bias)
+        got = layer(x).double()
+        assert ((got - expected).norm() / expected.norm()).item() < 1e-5, rows
+
+
+def int4_layer(out_features: int, in_features: int, group: int, bias: bool = False) -> tuple[Int4Linear, torch.Tensor]:
+    torch.manual_seed(0)
+    layer = Int4Linear(in_features, out_features, bias, group)
+    if bias:
+        layer.bias.data = torch.randn(out_features)
+    layer.load_shard(None, torch.randn(out_features, in_features))
+    return layer, layer.dequantize()
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (960, 576), (50, 100), (64, 112)])
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_linear_equals_dequantize_then_matmul(shape, group):
+    layer, weight = int4_layer(*shape, group, bias=True)
+    assert_matches_reference(layer, weight)
+
+
+@pytest.mark.parametrize("shape", [(96, 64), (50, 100)])
+def test_int8_linear_equals_dequantize_then_matmul(shape):
+    torch.manual_seed(0)
+    layer = Int8Linear(shape[1], shape[0])
+    w = torch.randn(*shape)
+    layer.load_shard(None, w)
+    weight = layer.dequantize()
+    assert ((weight - w).abs() <= w.abs().amax(dim=1, keepdim=True) / 127 / 2 + 1e-6).all()  # RTN error bound
+    assert_matches_reference(layer, weight)
+
+
+def test_grouped_int8_from_q8_0_blocks_is_exact():
+    torch.manual_seed(0)
+    q = torch.randint(-127, 128, (64, 96), dtype=torch.int8)
+    scale = torch.rand(64, 3) / 100
+    weight = Int8Weight(q, scale, 32)
+    layer = Int8Linear(96, 64, group_size=32)
+    layer.load_shard(None, weight)
+    assert torch.equal(layer.dequantize(), weight.dequantize())
+    assert_matches_reference(layer, weight.dequantize())
+
+
+def test_int4_pack_keeps_exact_scale_and_offset():
+    """Q4_1-style (scale, offset) pairs are kept as given, not requantized."""
+    torch.manual_seed(0)
+    weight = Int4Weight(torch.randint(0, 16, (64, 96), dtype=torch.uint8), torch.rand(64, 3), torch.randn(64, 3), 32)
+    layer = Int4Linear(96, 64, group_size=32)
+    layer.load_shard(None, weight)
+    assert torch.equal(layer.dequantize(), weight.dequantize())
+
+
+def test_stacked_shards_pack_into_one_matrix():
+    torch.manual_seed(0)
+    layer = Int4Linear(64, 96, group_size=32)
+    layer.shard_sizes = (64, 16, 16)
+    parts = [torch.randn(n, 64) for n in layer.shard_sizes]
+    for shard in (2, 0, 1):  # any arrival order
+        layer.load_shard(shard, parts[shard])
+    alone = [Int4Linear(64, n, group_size=32) for n in layer.shard_sizes]
+    for single, part in zip(alone, parts):
+        single.load_shard(None, part)
+    assert torch.equal(layer.dequantize(), torch.cat([s.dequantize() for s in alone]))
+
+
+def test_act_order_permutation_reads_columns_in_order():
+    torch.manual_seed(0)
+    perm = torch.randperm(64)
+    weight = Int4Weight(torch.randint(0, 16, (32, 64), dtype=torch.uint8), torch.rand(32, 2), torch.randn(32, 2), 32, perm)
+    layer = Int4Linear(64, 32, group_size=32)
+    layer.load_shard(None, weight)
+    assert torch.equal(layer.dequantize(), weight.dequantize())
+    assert_matches_reference(layer, weight.dequantize())
+    rows = torch.tensor([0, 5, 31])
+    assert torch.allclose(layer.embed(rows), weight.dequantize()[rows])
+
+
+def test_embedding_rows_are_the_dequantized_weight_rows():
+    layer, weight = int4_layer(96, 64, 32)
+    rows = torch.tensor([0, 17, 95, 17])
+    assert torch.equal(layer.embed(rows), weight[rows])
+
+
+def test_layers_fall_back_to_dequantize_without_the_kernels(monkeypatch):
+    layer, weight = int4_layer(96, 64, 32)
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    assert_matches_reference(layer, weight)
+
+
+def test_kernel_library_builds_on_this_machine():
+    """CI machines have a compiler and AVX2; if this fails, decode silently loses its speed-up."""
+    assert kernels.available()

@@ -1,0 +1,65 @@
+"""Live servers on loopback: uvicorn in a background thread, on a port the OS picks."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from llmpipe import LLM
+from llmpipe.server.app import create_app
+
+TINY_MODEL = "tiny"
+
+
+@contextmanager
+def live_server(llm: LLM, model_name: str = TINY_MODEL, **options) -> Iterator[str]:
+    """Serve `llm` until the block ends; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    app = create_app(llm, model_name, **options)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def metric(base_url: str, name: str, headers: dict | None = None) -> float:
+    """One sample of /metrics, e.g. metric(url, 'llmpipe:kv_cache_usage_perc')."""
+    text = httpx.get(f"{base_url}/metrics", headers=headers).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tiny_checkpoint) -> str:
+    return str(tiny_checkpoint("llama_gqa"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_path) -> LLM:
+    """Shared by the test modules' servers, one server at a time."""
+    return LLM(tiny_path, progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tiny_llm) -> Iterator[str]:
+    with live_server(tiny_llm) as url:
+        yield url

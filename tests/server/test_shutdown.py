@@ -1,0 +1,66 @@
+"""`llmpipe serve` on SIGTERM / SIGINT: a request that finishes within --shutdown-timeout finishes; one
+that would not gets an error event and [DONE]; the process exits 0 without a traceback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stream(url: str, max_tokens: int, started: threading.Event, events: list) -> None:
+    body = {"prompt": "hi", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: ") :])
+                started.set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_shutdown_finishes_short_requests_and_ends_long_ones_cleanly(tiny_path, sig):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = ["serve", "--model", tiny_path, "--port", str(port), "--shutdown-timeout", "2"]
+    server = subprocess.Popen([sys.executable, "-m", "llmpipe.cli", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "server did not start"
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        streams = {"short": (8, threading.Event(), []), "long": (1000, threading.Event(), [])}
+        threads = [threading.Thread(target=stream, args=(url, *s)) for s in streams.values()]
+        for t in threads:
+            t.start()
+        for _, started, _ in streams.values():
+            assert started.wait(60)
+        server.send_signal(sig)
+        for t in threads:
+            t.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+    finally:
+        server.kill()
+    stderr = server.stderr.read()
+    assert "Traceback" not in stderr, stderr
+    short, long = streams["short"][2], streams["long"][2]
+    assert short[-1] == long[-1] == "[DONE]"
+    assert json.loads(short[-2])["choices"][0]["finish_reason"] == "length"
+    error = json.loads(long[-2])["error"]
+    assert error["code"] == 503 and "shutting down" in error["message"]
