@@ -17,7 +17,7 @@ from llmpipe.layers.linear import Linear
 from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
 
 WeightFormat = tuple[str, int | None]
-QuantPlan = dict[str, WeightFormat]  # checkpoint name → format
+QuantPlan = dict[str, WeightFormat | None]  # checkpoint name → format (None: float)
 
 
 def quant_plan(
@@ -32,21 +32,22 @@ def quant_plan(
         fmt: WeightFormat = (quantization, group_size if quantization == "int4" else None)
         return {n: fmt for n in linear_names}
     if quantization == "auto" and native_format is not None:
-        formats = {name: native_format(name) for name in linear_names}
-        return {name: fmt for name, fmt in formats.items() if fmt is not None}
+        return {name: native_format(name) for name in linear_names}  # None: not quantized in the file
     return {}
 
 
 def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embeddings: bool) -> dict[str, WeightFormat]:
-    """Checkpoint names → the model's module paths (stacked q/k/v take q_proj's format)."""
-    modules: dict[str, WeightFormat] = {}
+    """Checkpoint names → the model's module paths. A stacked module (q/k/v, gate/up) is quantized
+    only if all its checkpoint tensors share one format (a GGUF may mix Q5_0 q/k with a Q8_0 v);
+    otherwise it stays float and quantized shards are dequantized into it."""
+    formats: dict[str, set] = {}
     for name, fmt in plan.items():
         if name == "model.embed_tokens.weight":
             if tied_embeddings:
-                modules["lm_head"] = fmt
+                formats.setdefault("lm_head", set()).add(fmt)
             continue
-        modules.setdefault(target_of(name).removesuffix(".weight"), fmt)
-    return modules
+        formats.setdefault(target_of(name).removesuffix(".weight"), set()).add(fmt)
+    return {path: next(iter(fmts)) for path, fmts in formats.items() if len(fmts) == 1 and None not in fmts}
 
 
 class TiedQuantizedEmbedding(nn.Module):

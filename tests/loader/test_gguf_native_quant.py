@@ -16,6 +16,7 @@ QTYPES = {
     "model.layers.0.self_attn.v_proj.weight": Q.Q4_1,
     "model.layers.0.mlp.gate_proj.weight": Q.Q4_0,
     "model.layers.0.mlp.up_proj.weight": Q.Q4_0,
+    "model.layers.1.self_attn.q_proj.weight": Q.Q4_1,  # k and v float: the stacked qkv stays float
     "model.layers.1.self_attn.o_proj.weight": Q.Q8_0,
     "lm_head.weight": Q.Q8_0,
 }
@@ -30,6 +31,7 @@ def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny
     assert isinstance(layers[1].self_attn.o_proj, Int8Linear) and layers[1].self_attn.o_proj.group_size == 32
     assert isinstance(native.engine.model.lm_head, Int8Linear)
     assert not isinstance(layers[1].mlp.down_proj, (Int4Linear, Int8Linear))  # float in the file: stays float
+    assert not isinstance(layers[1].self_attn.qkv_proj, (Int4Linear, Int8Linear))  # mixed formats
     assert native.engine.weight_bytes < dense.engine.weight_bytes
     torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
     torch.testing.assert_close(native.engine.score(PROMPT[:5]), dense.engine.score(PROMPT[:5]), atol=1e-4, rtol=0)

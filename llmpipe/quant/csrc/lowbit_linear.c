@@ -28,6 +28,17 @@ static inline __m256 sbytes_to_float(__m128i bytes8) { /* low 8 signed bytes →
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes8));
 }
 
+/* ga[m] / gb[m] += one 32-element chunk of weights (w0..w3) times row m of x (xc = x + chunk start). */
+static inline __attribute__((always_inline)) void chunk_fma(
+    __m256 w0, __m256 w1, __m256 w2, __m256 w3, const float *xc, int64_t K, __m256 *ga, __m256 *gb, const int MR) {
+    for (int m = 0; m < MR; m++, xc += K) {
+        ga[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xc), ga[m]);
+        gb[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), gb[m]);
+        ga[m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), ga[m]);
+        gb[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), gb[m]);
+    }
+}
+
 /* One output row n for MR activation rows; MR is a literal at every call site, so after inlining
  * the loops over rows unroll and the accumulators stay in registers. Two accumulators per row
  * halve the FMA dependency chains. */
@@ -47,13 +58,7 @@ static inline __attribute__((always_inline)) void int4_row(
             __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
             __m256 w0 = bytes_to_float(lo), w1 = bytes_to_float(_mm_srli_si128(lo, 8));
             __m256 w2 = bytes_to_float(hi), w3 = bytes_to_float(_mm_srli_si128(hi, 8));
-            for (int m = 0; m < MR; m++) {
-                const float *xc = x + m * K + c;
-                ga[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xc), ga[m]);
-                gb[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), gb[m]);
-                ga[m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), ga[m]);
-                gb[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), gb[m]);
-            }
+            chunk_fma(w0, w1, w2, w3, x + c, K, ga, gb, MR);
         }
         __m256 s = _mm256_set1_ps(scale[g]);
         for (int m = 0; m < MR; m++) {
@@ -78,13 +83,7 @@ static inline __attribute__((always_inline)) void int8_row(
             __m128i b1 = _mm_loadu_si128((const __m128i *)(row + c + 16));
             __m256 w0 = sbytes_to_float(b0), w1 = sbytes_to_float(_mm_srli_si128(b0, 8));
             __m256 w2 = sbytes_to_float(b1), w3 = sbytes_to_float(_mm_srli_si128(b1, 8));
-            for (int m = 0; m < MR; m++) {
-                const float *xc = x + m * K + c;
-                ga[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xc), ga[m]);
-                gb[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), gb[m]);
-                ga[m] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xc + 16), ga[m]);
-                gb[m] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xc + 24), gb[m]);
-            }
+            chunk_fma(w0, w1, w2, w3, x + c, K, ga, gb, MR);
         }
         __m256 s = _mm256_set1_ps(scale[g]);
         for (int m = 0; m < MR; m++) acc[m] = _mm256_fmadd_ps(_mm256_add_ps(ga[m], gb[m]), s, acc[m]);
