@@ -3,7 +3,6 @@ sequence goes on, full-attention layers keep everything, and outputs stay transf
 window 16 unless stated; block size 16)."""
 
 import json
-import random
 import shutil
 
 import pytest
@@ -11,24 +10,12 @@ import torch
 import transformers
 
 from llmpipe import LLM, SamplingParams
+from tests.models.test_gemma3_parity import path, prompt, reference  # noqa: F401  (shared fixtures)
 
 BLOCK = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=2)
 
 
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [2] + [rng.randrange(5, 320) for _ in range(length - 1)]
-
-
-@pytest.fixture(scope="module")
-def path(tiny_checkpoint):
-    return tiny_checkpoint("gemma3")
-
-
-@pytest.fixture(scope="module")
-def reference(path):
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
