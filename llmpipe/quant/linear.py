@@ -75,8 +75,9 @@ class QuantizedLinear(nn.Module):
         """Rows `ids` as float: the lookup of an embedding tied to this (LM head) weight."""
         return self.kernel_weight(ids)[:, : self.in_features]
 
-    def _check_group(self, shards: list, group_size: int | None) -> None:
-        if any(s.group_size != group_size for s in shards):
+    def _check_group(self, shards: list, group_size: int | None, per_row_ok: bool = False) -> None:
+        allowed = {group_size, None} if per_row_ok and group_size == self.padded_in else {group_size}
+        if any(s.group_size not in allowed for s in shards):
             raise ValueError(f"{type(self).__name__}: shards must have group size {group_size}")
 
     def quantize(self, w: torch.Tensor) -> QuantizedWeight:
@@ -107,13 +108,11 @@ class Int8Linear(QuantizedLinear):
         return quantize_int8(w)
 
     def pack(self, shards: list[Int8Weight]) -> None:
-        for s in shards:
-            if s.group_size is None:  # per-channel: one group spanning the row
-                s.scale, s.group_size = s.scale.reshape(-1, 1), self.group_size
-        self._check_group(shards, self.group_size)
+        # A per-channel shard (group_size None) is one group spanning the (padded) row.
+        self._check_group(shards, self.group_size, per_row_ok=True)
         q = torch.cat([s.q for s in shards])
         self.q.copy_(F.pad(q, (0, self.padded_in - q.shape[1])))
-        self.scale.copy_(torch.cat([s.scale for s in shards]))
+        self.scale.copy_(torch.cat([s.scale.reshape(s.q.shape[0], -1) for s in shards]))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.int8_linear(x, self.q, self.scale, self.group_size)
