@@ -39,8 +39,10 @@ install: $(RUNTIME)
 demo: $(RUNTIME)
 	$(VENV)/bin/llmpipe generate "$(PROMPT)" --chat --max-tokens 200
 
+# Two pytest workers with one thread each use both cores without oversubscribing them (small ops
+# slow down many times when two-thread teams wait on a busy core); a file's tests share a worker.
 test: $(TESTENV) $(BROWSER)
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(TESTENV)
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct

@@ -28,6 +28,16 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--enable-prefix-caching": dict(action=argparse.BooleanOptionalAction, default=True),
     "--disable-sliding-window": dict(action="store_true", help="full attention in every layer (to measure the window)"),
     "--num-threads": dict(type=int, default=None),
+    "--speculative-method": dict(default=None, choices=["ngram", "draft"],
+                                 help="speculative decoding: ngram (prompt lookup) or draft (needs --speculative-model)"),
+    "--speculative-model": dict(default=None, help="draft model sharing the target's tokenizer (implies draft)"),
+    "--speculative-quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
+                                       choices=["auto", None, "int8", "int4"], help="the draft's weights"),
+    "--num-speculative-tokens": dict(type=int, default=4, help="tokens proposed per step"),
+    "--prompt-lookup-min": dict(type=int, default=2, help="shortest n-gram the ngram method matches"),
+    "--prompt-lookup-max": dict(type=int, default=4, help="longest n-gram the ngram method matches"),
+    "--tensor-parallel-size": dict(type=int, default=1, help="shard the model over N processes (torch.distributed)"),
+    "--distributed-timeout-s": dict(type=float, default=120.0, help="a tensor-parallel rank silent this long is a failure"),
 }
 
 
@@ -165,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from llmpipe.distributed.parallel_state import torchrun_worker
+
+    if torchrun_worker():  # ranks > 0 of a torchrun launch serve rank 0's engine, whatever the command
+        from llmpipe.distributed.worker import torchrun_main
+
+        return torchrun_main()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

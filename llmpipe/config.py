@@ -80,6 +80,8 @@ DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfl
 QUANTIZATION_CHOICES = (None, "auto", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8", "int4")
+SPECULATIVE_METHODS = (None, "ngram", "draft")
+MAX_SPECULATIVE_TOKENS = 16
 
 
 def _check_choice(name: str, value: Any, choices: tuple) -> None:
@@ -112,20 +114,54 @@ class EngineConfig:
     quantization: str | None = "auto"
     group_size: int = 128  # int4 group along the input dimension
     kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
+    # Ranks the model is sharded over (llmpipe.distributed); kv_cache_memory and num_threads are
+    # then per rank (num_threads default: this machine's threads shared out among the ranks).
+    tensor_parallel_size: int = 1
+    distributed_timeout_s: float = 120.0  # a collective (or a rank) taking longer is a failure
+    # Speculative decoding: "ngram" (prompt lookup) or "draft" (speculative_model decodes the
+    # proposals; the default method when a speculative_model is given). None turns it off.
+    speculative_method: str | None = None
+    speculative_model: str | None = None
+    speculative_quantization: str | None = "auto"  # the draft's weights, as `quantization`
+    num_speculative_tokens: int = 4  # k: tokens proposed per step
+    prompt_lookup_min: int = 2  # n-gram sizes the ngram method matches, longest first
+    prompt_lookup_max: int = 4
     # Filled from the checkpoint at load time.
     model_config: ModelConfig | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise InvalidRequestError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("max_model_len", "max_num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("max_model_len", "max_num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.distributed_timeout_s, (int, float)) or self.distributed_timeout_s <= 0:
+            raise InvalidRequestError(f"distributed_timeout_s must be a positive number, got {self.distributed_timeout_s!r}")
         self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         _check_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
         _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        self._check_speculation()
+
+    def _check_speculation(self) -> None:
+        if self.speculative_model is not None and self.speculative_method is None:
+            self.speculative_method = "draft"
+        _check_choice("speculative_method", self.speculative_method, SPECULATIVE_METHODS)
+        _check_choice("speculative_quantization", self.speculative_quantization, QUANTIZATION_CHOICES)
+        if self.speculative_method == "draft" and self.speculative_model is None:
+            raise InvalidRequestError("speculative_method='draft' needs a speculative_model")
+        if self.speculative_method == "ngram" and self.speculative_model is not None:
+            raise InvalidRequestError("speculative_method='ngram' proposes from the sequence itself: drop speculative_model")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 1 <= value <= MAX_SPECULATIVE_TOKENS:
+                raise InvalidRequestError(f"{name} must be an integer in [1, {MAX_SPECULATIVE_TOKENS}], got {value!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise InvalidRequestError(
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max ({self.prompt_lookup_max})"
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

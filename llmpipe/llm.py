@@ -23,6 +23,16 @@ class LLM:
         self._ids = itertools.count()
         self.last_output: RequestOutput | None = None  # the finished output of the latest stream()
 
+    def close(self) -> None:
+        """Stop tensor-parallel workers now (otherwise when the LLM is collected or Python exits)."""
+        self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def get_tokenizer(self) -> Tokenizer | None:
         return self.engine.tokenizer
 

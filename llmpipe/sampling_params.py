@@ -73,5 +73,10 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS
 
     @property
+    def uses_filters(self) -> bool:
+        """Whether top-k, top-p or min-p cut the distribution."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    @property
     def uses_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0

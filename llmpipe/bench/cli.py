@@ -25,6 +25,15 @@ def add_bench_parser(sub) -> None:
     latency.add_argument("--kv-cache-dtype", choices=["auto", "int8", "int4"], default="auto",
                          help="add a variant with this KV cache")
     latency.add_argument("--batch-size", type=int, default=32, help="also measure batched decode throughput (0: skip)")
+    latency.add_argument("--tensor-parallel-size", type=int, default=1,
+                         help="also run each variant sharded over N processes (the machine's threads shared out)")
+    latency.add_argument("--speculative-method", nargs="+", choices=["ngram", "draft"], default=None,
+                         help="instead: batch-1 decode with each method vs without, on input-grounded and open-ended prompts")
+    latency.add_argument("--speculative-model", default=None, help="the draft (default: --model itself)")
+    latency.add_argument("--speculative-quantization", default="int4", choices=["auto", "int8", "int4"],
+                         help="the draft's weights (default int4: the float target's INT4 copy)")
+    latency.add_argument("--num-speculative-tokens", type=int, default=4)
+    latency.add_argument("--spec-output-len", type=int, default=128, help="tokens per prompt in the speculative run")
     latency.add_argument("--max-full-recompute", type=int, default=128, help="longer no-cache runs are estimated")
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
     latency.add_argument("--output", default="bench_results/latency.json")
@@ -75,6 +84,10 @@ def add_bench_parser(sub) -> None:
 
 
 def _run_latency(args) -> None:
+    if args.speculative_method:
+        from llmpipe.bench import speculative
+
+        return speculative.main(args)
     from llmpipe.bench import latency
 
     latency.main(args)

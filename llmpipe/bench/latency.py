@@ -31,10 +31,12 @@ class Variant:
     kv_cache: bool = True
     quantization: str | None = None  # None: float weights in `dtype`; "auto": a GGUF's Q4/Q8 kept as stored
     kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1  # > 1: the machine's threads are shared out among the ranks
 
     def engine_options(self, group_size: int) -> dict:
         return dict(dtype=self.dtype, kv_cache=self.kv_cache, quantization=self.quantization,
-                    group_size=group_size, kv_cache_dtype=self.kv_cache_dtype)
+                    group_size=group_size, kv_cache_dtype=self.kv_cache_dtype,
+                    tensor_parallel_size=self.tensor_parallel_size)
 
 
 TTFT_TRIALS = 3  # TTFT is the best of a few prefills (distinct prompts, so no prefix-cache hit)
@@ -79,6 +81,10 @@ def bench_variant(args, variant: Variant, prompts: dict) -> dict:
     llm = LLM(args.model, progress=False, **variant.engine_options(args.group_size))
     result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes,
                     "kv_bytes_per_token": llm.engine.stats().kv_bytes_per_token}
+    if variant.tensor_parallel_size > 1:  # the ranks share one memory bus: the roofline counts every shard
+        ranks = llm.engine.runner.rank_memory()
+        result |= {"weight_bytes": sum(r.weight_bytes for r in ranks),
+                   "weight_bytes_per_rank": [r.weight_bytes for r in ranks]}
     if variant.kv_cache:
         ttfts = ttft_samples(llm, len(prompts["long"]))
         result["ttft_s"] = min(ttfts)
@@ -94,6 +100,7 @@ def bench_variant(args, variant: Variant, prompts: dict) -> dict:
         result[f"batch_{args.batch_size}_tokens_per_s"] = batch_throughput(llm, args.batch_size, min(args.output_lens))
     if args.plot and variant.kv_cache:  # the samples the figure draws
         result |= {"ttft_samples_s": ttfts, "itl_samples_s": runs[max(args.output_lens)]["itl_s"]}
+    llm.close()
     del llm
     gc.collect()
     return result
@@ -128,6 +135,10 @@ def selected_variants(args) -> list[Variant]:
     if args.quantization or args.kv_cache_dtype != "auto":
         name = f"{args.quantization or 'float32'} kv-{args.kv_cache_dtype}"
         variants.append(Variant(name, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype))
+    tp = args.tensor_parallel_size
+    if tp > 1:  # each right after its single-process twin, so the machine's drift hits both alike
+        sharded = lambda v: [dataclasses.replace(v, name=f"{v.name} tp={tp}", tensor_parallel_size=tp)] if v.kv_cache else []  # noqa: E731
+        variants = [w for v in variants for w in [v, *sharded(v)]]
     return variants
 
 
@@ -220,6 +231,11 @@ def latency_table(report: dict) -> str:
         rows.append(row)
     lines = [format_table(rows)]
     lines.append(f"memory bandwidth (streaming read, measured now): {report['memory_bandwidth_GBps']:.1f} GB/s")
+    for r in report["results"]:
+        if "weight_bytes_per_rank" in r:
+            per_rank = " + ".join(f"{b / 1e6:.0f}" for b in r["weight_bytes_per_rank"])
+            kv = r["kv_bytes_per_token"]
+            lines.append(f"{r['variant']}: weights per rank {per_rank} MB, KV bytes per token on rank 0 {kv:,}")
     for n, ratio in report.get("kv_cache_speedup", {}).items():
         lines.append(f"KV cache vs recompute at {n} output tokens: {ratio:.1f}x")
     lines.append("~ = estimated from timed recompute steps at evenly spaced lengths")

@@ -8,6 +8,7 @@ import dataclasses
 from llmpipe.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, parse_bytes
 from llmpipe.diagnose.analysis import diagnose
 from llmpipe.diagnose.report import Diagnosis, Setup
+from llmpipe.diagnose.compressed_kv import NAMED_CONFIGS, plan_compressed_kv, read_config
 from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, plan_memory
 from llmpipe.errors import InvalidRequestError, ModelLoadError
 
@@ -31,8 +32,9 @@ def add_diagnose_parser(sub) -> None:
 
 def add_memory_parser(sub) -> None:
     p = sub.add_parser("memory", help="will it fit, and how many sequences: weights and KV cache from the config")
-    p.add_argument("--model", help="alias, Hugging Face directory or .gguf (only its config is read)")
-    p.add_argument("--arch", choices=sorted(NAMED_ARCHITECTURES), help="a published architecture instead of --model")
+    p.add_argument("--model", help="alias, Hugging Face directory, .gguf or config .json (only its config is read)")
+    p.add_argument("--arch", choices=sorted(NAMED_ARCHITECTURES) + sorted(NAMED_CONFIGS),
+                   help="a published architecture instead of --model (deepseek-*: KV cache only)")
     p.add_argument("--params", type=float, help="parameter count, e.g. 7e9 (the architecture's mix, rescaled)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
@@ -115,6 +117,9 @@ def cmd_memory(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise InvalidRequestError(f"--{name.replace('_', '-')} must be positive")
+    compressed = read_config(args.arch or args.model) if args.arch in NAMED_CONFIGS or args.model else None
+    if compressed:
+        return _memory_compressed(args, *compressed)
     if args.model:
         from llmpipe.loader import load_checkpoint
 
@@ -132,3 +137,22 @@ def cmd_memory(args: argparse.Namespace) -> None:
     print(format_plan(plan, arch_note))
     if args.json:
         print(f"wrote {write_json(args.json, {**dataclasses.asdict(plan), 'fits': plan.fits})}")
+
+
+def _memory_compressed(args: argparse.Namespace, cfg: dict, name: str) -> None:
+    """DeepSeek V4 / MLA configs: KV cache per layer kind (their weights are not planned)."""
+    from llmpipe.bench.report import write_json
+    from llmpipe.diagnose.render import format_compressed_plan
+
+    dropped = [flag for flag, given in (("--params", args.params), ("--memory", args.memory),
+                                        ("--quantization", args.quantization != "none"),
+                                        ("--kv-cache-dtype", args.kv_cache_dtype != "auto")) if given]
+    if dropped:
+        raise InvalidRequestError(f"{name}: only the KV cache is planned for compressed attention; "
+                                  f"drop {', '.join(dropped)}")
+    plan = plan_compressed_kv(cfg, name, dtype=args.dtype, context=args.context, batch=args.batch)
+    print(format_compressed_plan(plan))
+    if args.json:
+        report = {**dataclasses.asdict(plan), "kv_bytes_per_token": plan.kv_bytes_per_token,
+                  "kv_bytes_per_sequence": plan.kv_bytes_per_sequence, "total_bytes": plan.total_bytes}
+        print(f"wrote {write_json(args.json, report)}")

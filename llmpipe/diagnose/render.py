@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from llmpipe.bench.plots import RooflinePoint, draw_roofline, draw_time_split, figure
 from llmpipe.bench.report import format_table
+from llmpipe.diagnose.compressed_kv import CompressedKVPlan
 from llmpipe.diagnose.report import Diagnosis
 from llmpipe.diagnose.memory import MemoryPlan
 
@@ -103,4 +104,27 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
                      f"of {p.context:,} tokens"))
     width = max(len(key) for key, _ in rows)
     lines = [f"llmpipe memory: {p.model}"] + [f"  {key.ljust(width)}  {value}" for key, value in rows]
+    return "\n".join(lines + [f"note: {note}" for note in p.notes])
+
+
+def _binary(n: float) -> str:
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if n >= 1024**power:
+            return f"{n / 1024**power:.3f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _per_token(n: float) -> str:
+    return f"{n:,.0f} B" if n == int(n) else f"{n:,.2f} B"
+
+
+def format_compressed_plan(p: CompressedKVPlan) -> str:
+    rows = [["layer kind", "layers", "per token", "window", "entries", "indexer", "pending",
+             f"at {p.context:,} tokens"]]
+    rows += [[k.kind, str(k.layers), _per_token(k.bytes_per_token), _binary(k.window), _binary(k.entries),
+              _binary(k.indexer), _binary(k.pending), _binary(k.total)] for k in p.kinds]
+    rows.append(["total", str(sum(k.layers for k in p.kinds)), _per_token(p.kv_bytes_per_token), *[""] * 4,
+                 _binary(p.kv_bytes_per_sequence)])
+    lines = [f"llmpipe memory: {p.model}, KV cache in {p.dtype} (config only: no weights)", format_table(rows),
+             f"KV of {p.batch} sequence(s) of {p.context:,} tokens: {p.total_bytes:,} B = {fmt_bytes(p.total_bytes)}"]
     return "\n".join(lines + [f"note: {note}" for note in p.notes])

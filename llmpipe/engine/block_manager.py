@@ -190,6 +190,13 @@ class BlockManager:
             while len(table) < last:
                 table.ids.append(self._take_free_block())
 
+    def trim(self, seq: PagedSequence, num_tokens: int) -> None:
+        """Give back the blocks past the first num_tokens positions (a speculative step's rejected tail)."""
+        for table in seq.block_tables:
+            keep = max(0, -(-num_tokens // self.block_size) - table.offset)
+            self._release(table.ids[keep:])
+            del table.ids[keep:]
+
     def register_full_blocks(self, seq: PagedSequence, num_computed_tokens: int) -> None:
         """Hash every held block whose tokens are all computed, so later requests can reuse it."""
         if not self.enable_prefix_caching:

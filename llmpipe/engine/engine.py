@@ -17,22 +17,40 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
-from llmpipe.engine.kv_cache import kv_bytes_per_token
-from llmpipe.engine.kv_cache_spec import kv_cache_layout
+from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.sequence import Request, Sequence, SequenceStatus
 from llmpipe.errors import InvalidRequestError, LLMPipeError
-from llmpipe.layers.sampler import SamplingRow, sample
+from llmpipe.layers.sampler import SamplingRow, adjusted_logits, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
-from llmpipe.models import build_model
+from llmpipe.models import load_model, resident_bytes
 from llmpipe.outputs import Logprob, RequestOutput
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.spec import Proposal, Proposer, verify
+from llmpipe.spec.draft import DraftProposer
+from llmpipe.spec.ngram import NgramProposer
 from llmpipe.tokenizer import IncrementalDetokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
 PromptInput = str | list[int] | dict
+
+
+@dataclass
+class SpecDecodeStats:
+    num_drafts: int = 0  # proposals verified (one per sequence per step)
+    num_draft_tokens: int = 0  # tokens proposed
+    num_accepted_tokens: int = 0  # proposed tokens the target kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
 
 @dataclass
@@ -52,6 +70,7 @@ class EngineStats:
     num_prefill_tokens: int  # prompt tokens actually computed (cache hits excluded)
     num_generation_tokens: int
     kv_bytes_in_use: int = 0  # bytes of the blocks in use
+    spec_decode: SpecDecodeStats | None = None  # with speculative decoding on
     kv_bytes_per_seq: dict[str, int] = field(default_factory=dict)  # running request → bytes its blocks hold
 
 
@@ -70,16 +89,15 @@ class LLMEngine:
         self.eos_token_ids = set(checkpoint.config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
-        plan = checkpoint.quant_plan(config.weight_quantization, config.group_size)
-        weights = checkpoint.iter_weights(progress=progress, plan=plan)
-        self.model = build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan)
-        self.kv_layout = kv_cache_layout(checkpoint.config)
-        self.block_bytes = self.kv_layout.block_bytes(
-            kv_bytes_per_token(checkpoint.config, config.torch_dtype, config.kv_cache_dtype), config.block_size
-        )
-        num_blocks = config.max_num_blocks or config.kv_cache_memory // self.block_bytes
-        if num_blocks < 1:
-            raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of this model")
+        if config.tensor_parallel_size > 1:  # rank 0's shard here; the executor starts the other ranks
+            from llmpipe.distributed.executor import TensorParallelExecutor
+
+            self.runner = TensorParallelExecutor(checkpoint, config, progress)
+            self.model = self.runner.model
+        else:
+            self.model = load_model(checkpoint, config, progress)
+        # Per rank under tensor parallelism: self.model.config has rank 0's KV heads (the most).
+        self.kv_layout, self.block_bytes, num_blocks = plan_kv_pool(config, self.model.config)
         self._set_max_model_len(self.kv_layout.max_tokens(
             num_blocks, config.block_size, config.max_num_batched_tokens, checkpoint.config.max_position_embeddings
         ))
@@ -88,10 +106,32 @@ class LLMEngine:
             num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache, specs
         )
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
+        if config.tensor_parallel_size > 1:
+            self.runner.start(num_blocks, self.kv_layout)
+        else:
+            self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
+        self.proposer = self._build_proposer(progress)
+        self.spec_stats = SpecDecodeStats()
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0
         self.num_generation_tokens = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is collected or the
+        interpreter exits); the engine cannot step afterwards."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    def _build_proposer(self, progress: bool) -> Proposer | None:
+        config = self.config
+        if config.speculative_method is not None and not config.kv_cache:
+            raise LLMPipeError("speculative decoding verifies against the KV cache: it needs kv_cache=True")
+        if config.speculative_method == "ngram":
+            return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        if config.speculative_method == "draft":
+            return DraftProposer(config, config.model_config, self._sampling_row, progress)
+        return None
 
     def _set_max_model_len(self, pool_tokens: int) -> None:
         model_len = self.config.model_config.max_position_embeddings
@@ -102,9 +142,9 @@ class LLMEngine:
 
     @property
     def weight_bytes(self) -> int:
-        """Resident weights: parameters and persistent buffers (quantized weights, their scales), each once."""
-        tensors = {t.data_ptr(): t for t in self.model.state_dict().values()}
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        """Resident weights: parameters and persistent buffers (quantized weights, their scales), each
+        once; under tensor parallelism, rank 0's shard (`runner.rank_memory()` has every rank's)."""
+        return resident_bytes(self.model)
 
     def kv_bytes_per_sequence(self, num_tokens: int) -> int:
         """Bytes of KV blocks one sequence of num_tokens computed tokens holds (window groups capped)."""
@@ -131,6 +171,7 @@ class LLMEngine:
             num_generation_tokens=self.num_generation_tokens,
             kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes,
             kv_bytes_per_seq=per_seq,
+            spec_decode=replace(self.spec_stats) if self.proposer is not None else None,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -161,7 +202,7 @@ class LLMEngine:
         for seq in request.sequences:
             if not seq.finished:
                 seq.finish("abort")
-            self.scheduler.finish(seq)
+            self._release(seq)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -213,14 +254,40 @@ class LLMEngine:
             metrics = self.requests[item.seq.request_id].metrics
             metrics.first_scheduled_time = metrics.first_scheduled_time or now
         sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
+        proposals = self._propose(batch)
+        if self.proposer is not None:
+            self.proposer.prefill([item.seq for item in batch.prefills if item.completes_prefill])
         logits = self.runner.run(batch)
         self._advance_computed(batch)
+        widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
+        starts = [sum(widths[:i]) for i in range(len(widths))]
         rows, seqs = self._with_forked_siblings(sampled)
-        touched = self._sample_and_append(seqs, logits[rows])
+        touched = self._sample_and_append(seqs, [logits[starts[r] : starts[r] + widths[r]] for r in rows], proposals)
         if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step
             for seq in seqs:
                 seq.num_computed_tokens = 0
         return self._collect_outputs(touched | {item.seq.request_id for item in batch.prefills})
+
+    def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
+        """Draft tokens for this step's decodes, each capped so it cannot run past max_tokens or the
+        context, and kept only where the cache has blocks for them; they join the batch."""
+        if self.proposer is None or not batch.decodes:
+            return {}
+        k = self.config.num_speculative_tokens
+        limits = []
+        for seq in batch.decodes:
+            left = self.config.max_model_len - seq.num_tokens
+            if seq.params.max_tokens is not None:
+                left = min(left, seq.params.max_tokens - len(seq.output_token_ids))
+            limits.append(min(k, left - 1))
+        proposals = self.proposer.propose(batch.decodes, limits)
+        for seq, proposal in list(proposals.items()):
+            if self.block_manager.can_reserve(seq, 1 + len(proposal.token_ids)):
+                self.block_manager.reserve(seq, 1 + len(proposal.token_ids))
+                batch.draft_token_ids[seq] = proposal.token_ids
+            else:
+                del proposals[seq]
+        return proposals
 
     def _advance_computed(self, batch: SchedulerOutput) -> None:
         for seq in batch.decodes:
@@ -264,35 +331,82 @@ class LLMEngine:
                 del self.requests[request_id]
         return outputs
 
-    def _sample_and_append(self, seqs: list[Sequence], logits: torch.Tensor) -> set[str]:
+    def _sample_and_append(
+        self, seqs: list[Sequence], logits: list[torch.Tensor], proposals: dict[Sequence, Proposal]
+    ) -> set[str]:
+        """logits[i]: seqs[i]'s rows, one per token fed (its newest token and any drafts)."""
         if not seqs:
             return set()
-        result = sample(logits, [self._sampling_row(seq) for seq in seqs])
+        emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
+        plain = [i for i, seq in enumerate(seqs) if seq not in proposals]
+        if plain:
+            result = sample(torch.cat([logits[i] for i in plain]), [self._sampling_row(seqs[i]) for i in plain])
+            for i, token, logprobs in zip(plain, result.token_ids, result.logprobs):
+                emitted[i] = ([token], [logprobs])
+        for i, seq in enumerate(seqs):
+            if seq in proposals:
+                emitted[i] = self._verify(seq, logits[i], proposals[seq])
         now = time.perf_counter()
         touched: set[str] = set()
-        for seq, token, logprobs in zip(seqs, result.token_ids, result.logprobs):
+        for seq, (tokens, logprobs) in zip(seqs, emitted):
             request = self.requests[seq.request_id]
-            if request.request_id not in touched:
+            first_emitted = len(seq.output_token_ids)
+            self._emit(seq, tokens, logprobs)
+            if request.request_id not in touched:  # one time per token, so a verified run shows as a burst
                 request.metrics.first_token_time = request.metrics.first_token_time or now
-                request.metrics.token_times.append(now)
+                request.metrics.token_times += [now] * max(1, len(seq.output_token_ids) - first_emitted)
                 touched.add(request.request_id)
+            if seq in proposals and not seq.finished:
+                self._keep_accepted(seq, len(tokens) - 1)
+            if seq.finished:
+                self._release(seq)
+        return touched
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> tuple[list[int], list]:
+        """Rejection-sample the drafts against the target's rows; the accepted ones plus one more token."""
+        drafts = proposal.token_ids
+        rows = [self._sampling_row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
+        tokens = verify(adjusted_logits(logits, rows), rows, proposal)
+        stats = self.spec_stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += len(drafts)
+        stats.num_accepted_tokens += len(tokens) - 1
+        return tokens, topn_logprobs(logits[: len(tokens)], tokens, rows[: len(tokens)])
+
+    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list) -> None:
+        """Append tokens in order until one ends the sequence (EOS, a stop, max_tokens)."""
+        for token, info in zip(tokens, logprobs):
+            if seq.finished:
+                break
             try:
-                if logprobs is not None:
-                    self._record_logprobs(seq, token, logprobs)
+                if info is not None:
+                    self._record_logprobs(seq, token, info)
                 self._append_token(seq, token)
             except Exception:  # one sequence's fault (its detokenizer, stop strings) must not sink the batch
                 logger.exception("request %s failed; the others go on", seq.request_id)
                 seq.finish_reason, seq.status = "error", SequenceStatus.FINISHED
-            if seq.finished:
-                self.scheduler.finish(seq)
-        self.num_generation_tokens += len(seqs)
-        return touched
+            self.num_generation_tokens += 1
 
-    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+    def _keep_accepted(self, seq: Sequence, num_accepted: int) -> None:
+        """The accepted drafts' K/V stay (the newest token's was counted already); the rejected
+        tail's blocks go back."""
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+        self.block_manager.trim(seq, seq.num_tokens)
+
+    def _release(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks (and its draft's) at once."""
+        self.scheduler.finish(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
+
+    def _sampling_row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
+        """The sampling rules for seq's next token, after `drafts` if it is a speculative position."""
+        output = seq.output_token_ids + list(drafts) if drafts else seq.output_token_ids
         banned: list[int] = []
-        if len(seq.output_token_ids) < seq.params.min_tokens:
+        if len(output) < seq.params.min_tokens:
             banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(self.eos_token_ids))
-        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, seq.output_token_ids, banned)
+        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, banned)
 
     def _record_logprobs(self, seq: Sequence, token: int, info: tuple[float, int, list[tuple[int, float]]]) -> None:
         logprob, rank, top = info

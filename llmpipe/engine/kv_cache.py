@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.config import ModelConfig
+from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.errors import LLMPipeError
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
 
@@ -34,6 +35,16 @@ def num_blocks_for(
     memory_bytes: int, cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
 ) -> int:
     return memory_bytes // (kv_bytes_per_token(cfg, dtype, kv_cache_dtype) * block_size)
+
+
+def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
+    """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
+    layout = kv_cache_layout(cfg)
+    block_bytes = layout.block_bytes(kv_bytes_per_token(cfg, config.torch_dtype, config.kv_cache_dtype), config.block_size)
+    num_blocks = config.max_num_blocks or config.kv_cache_memory // block_bytes
+    if num_blocks < 1:
+        raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of {config.model}")
+    return layout, block_bytes, num_blocks
 
 
 class PagedKVCache:

@@ -35,7 +35,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> torch.Tensor:
-        """Logits [rows, vocab]: one row per decode, then one per prefill chunk that ends its prefill."""
+        """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
+        chunk that ends its prefill."""
         ids, positions, metas, logit_rows = self._prepare(batch)
         hidden = self.model(ids, positions, self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[logit_rows])
@@ -54,10 +55,20 @@ class ModelRunner:
         return self._layer_metadata([], [], [(block_tables, 0, num_tokens, 0)])
 
     def _prepare(self, batch: SchedulerOutput):
-        decodes = batch.decodes
-        ids: list[int] = [seq.all_token_ids[-1] for seq in decodes]
-        positions: list[int] = [seq.num_tokens - 1 for seq in decodes]
-        logit_rows = list(range(len(decodes)))
+        """A decode feeds its newest token and any draft tokens, each as a decode row of its own
+        (the row at position p sees the keys up to p: drafts are verified in the batched decode
+        path). Prefill chunks follow; their last rows give logits where they end a prefill."""
+        ids: list[int] = []
+        positions: list[int] = []
+        decode_tables: list[list[BlockTable]] = []
+        lens: list[int] = []
+        for seq in batch.decodes:
+            fed = [seq.all_token_ids[-1], *batch.draft_token_ids.get(seq, ())]
+            ids += fed
+            positions.extend(range(seq.num_tokens - 1, seq.num_tokens - 1 + len(fed)))
+            decode_tables += [seq.block_tables] * len(fed)
+            lens.extend(range(seq.num_tokens, seq.num_tokens + len(fed)))
+        logit_rows = list(range(len(ids)))
         chunks: list[ChunkRows] = []
         for item in batch.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
@@ -67,7 +78,7 @@ class ModelRunner:
             positions.extend(range(start, end))
             if item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
-        metas = self._layer_metadata([seq.block_tables for seq in decodes], [seq.num_tokens for seq in decodes], chunks)
+        metas = self._layer_metadata(decode_tables, lens, chunks)
         ids_t = torch.tensor(ids, device=self.device)
         return ids_t, torch.tensor(positions, device=self.device), metas, torch.tensor(logit_rows, dtype=torch.long, device=self.device)
 

@@ -12,7 +12,7 @@ recomputed on resumption, from the prefix cache where it still holds them).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmpipe.engine.block_manager import BlockManager
 from llmpipe.engine.sequence import Sequence, SequenceStatus
@@ -32,6 +32,8 @@ class ScheduledChunk:
 class SchedulerOutput:
     decodes: list[Sequence]
     prefills: list[ScheduledChunk]
+    # Speculative tokens a decode also feeds this step (verified together with its newest token).
+    draft_token_ids: dict[Sequence, list[int]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

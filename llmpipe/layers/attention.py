@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from llmpipe.layers import attention_kernel
 from llmpipe.quant.kv import QuantizedKV
 
 KVLayer = torch.Tensor | QuantizedKV  # one layer's [2, blocks, block_size, kv_heads, head_dim] cache
@@ -31,7 +32,7 @@ class PrefillChunk:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [tokens] flat cache slot of each new token
-    num_decodes: int  # the first num_decodes tokens are single-token decodes of distinct sequences
+    num_decodes: int  # the first num_decodes tokens are decodes: one query row each (a draft token adds a row)
     decode_block_tables: torch.Tensor | None  # [decodes, max blocks], padded with 0
     decode_context_lens: torch.Tensor | None  # [decodes] tokens cached including the new one
     prefills: list[PrefillChunk]
@@ -69,6 +70,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """q: [tokens, heads, D]; k, v: [tokens, kv_heads, D]. Writes the new K/V, returns [tokens, heads × D]."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
+    rotation = kv_cache.rotation if isinstance(kv_cache, QuantizedKV) else None
+    if rotation is not None:  # K/V are stored rotated (quant/kv.py): attend in that basis, rotate back
+        out = _attend(q @ rotation.to(q.dtype), kv_cache, meta, scale, window)
+        return (out.view(q.shape) @ rotation.T.to(q.dtype)).flatten(1)
+    return _attend(q, kv_cache, meta, scale, window)
+
+
+def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
     if not meta.prefills:
         return decode_attention(q, kv_cache, meta, scale, window)
     parts = []
@@ -84,7 +93,12 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query per sequence against its cached keys, batched over sequences of different lengths
     (padded to the longest; padding masked out). Two batched matmuls per step: PyTorch's CPU
-    flash-attention kernel is several times slower for single queries."""
+    flash-attention kernel is several times slower for single queries. A float32 cache takes the C
+    kernel instead (same math in one call, no gather; `attention_kernel`)."""
+    if attention_kernel.usable(q, kv_cache):
+        return attention_kernel.paged_decode_attention(
+            q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
+        )
     batch, length = q.shape[0], meta.decode_max_len
     kv_heads, head_dim = kv_cache.shape[-2:]
     blocks = read_blocks(kv_cache, meta.decode_block_tables.flatten(), q.dtype).view(2, batch, -1, kv_heads, head_dim)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 from torch import nn
 
-from llmpipe.config import GEMMA3_FAMILY, LLAMA_FAMILY, ModelConfig
+from llmpipe.config import GEMMA3_FAMILY, LLAMA_FAMILY, EngineConfig, ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.layers.rotary import RotaryEmbedding
 from llmpipe.models.gemma3 import Gemma3ForCausalLM
 from llmpipe.models.llama import LlamaForCausalLM
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
+
+if TYPE_CHECKING:
+    from llmpipe.loader import Checkpoint
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     **{arch: LlamaForCausalLM for arch in LLAMA_FAMILY},
@@ -45,3 +48,16 @@ def build_model(
             module.reset_tables()
     model.load_weights(weights)
     return model.eval().requires_grad_(False)
+
+
+def load_model(checkpoint: "Checkpoint", config: EngineConfig, progress: bool = True) -> nn.Module:
+    """The checkpoint's model in config's dtype, device and weight quantization."""
+    plan = checkpoint.quant_plan(config.weight_quantization, config.group_size)
+    weights = checkpoint.iter_weights(progress=progress, plan=plan)
+    return build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan)
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Resident weights: parameters and persistent buffers (quantized weights, their scales), each once."""
+    tensors = {t.data_ptr(): t for t in model.state_dict().values()}
+    return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -1,56 +1,121 @@
-"""AWQ (Lin et al., 2023): activation-aware weight quantization.
+"""AWQ (Lin et al., 2023): activation-aware weight quantization, as AutoAWQ runs it (`AwqQuantizer`).
 
 Input channels that see large activations matter most. Scaling weight column j up by s_j before
 round-to-nearest (and the input down by s_j) gives those columns finer steps; the product is
-unchanged in float. s = mean|x|^α, with α from a grid over [0, 1] chosen to minimise the output
-MSE of the quantized layer on calibration inputs. The 1/s folds into the op before the layer,
-as AutoAWQ does for Llama (`LlamaAWQForCausalLM.get_layers_for_scaling`):
-  input_layernorm → q/k/v;  v_proj → o_proj (only when v's outputs feed o's inputs one to one,
-  i.e. no GQA);  post_attention_layernorm → gate/up;  up_proj → down_proj.
-Then every linear is quantized round-to-nearest.
+unchanged in float. Per decoder layer, for each group of linears sharing an input:
+  1. scale search: s = mean|x|^α / mean(|w| / max|w| of its group)^(1-α) (AutoAWQ's `duo_scaling`),
+     normalised, for α on a grid over [0, 1), plus s = 1 (plain round-to-nearest); the winner
+     minimises the MSE of the *block's* output — the attention block for q/k/v, the MLP for
+     gate/up, the linear itself for o_proj and down_proj — with the group's weights quantized;
+  2. the 1/s folds into the op before (`get_layers_for_scaling` for Llama): input_layernorm →
+     q/k/v; v_proj → o_proj (only without GQA, where v's outputs feed o's inputs one to one);
+     post_attention_layernorm → gate/up; up_proj → down_proj;
+  3. clipping search: per weight group, the largest |w| is shrunk by 0 … 45% and the ratio that
+     minimises the MSE of that group's share of W·X is kept (not for q and k: their errors are
+     amplified by the attention softmax);
+  4. round-to-nearest.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from llmpipe.quant.calibrate import LayerQuantizer, RunLayer, linear_modules
+from llmpipe.quant.calibrate import Attend, LayerQuantizer, RunLayer, linear_modules
 from llmpipe.quant.formats import Int4Weight
-from llmpipe.quant.rtn import quantize_int4
+from llmpipe.quant.rtn import pad_groups, quantize_int4
 
-N_GRID = 20  # α = 0, 1/20, …, 1
-SEARCH_ROWS = 4096  # calibration rows the loss is measured on (x_mean uses all of them)
+N_GRID = 20  # α = 0, 1/20, …, 19/20; shrink ratios 0, 1/20, … below MAX_SHRINK
+MAX_SHRINK = 0.5
+SEARCH_SAMPLES = 8  # calibration windows each scale candidate is scored on (mean|x| uses all of them)
+CLIP_TOKENS = 2048  # calibration rows each clipping candidate is scored on
+CLIP_ROWS = 512  # output rows per clipping batch (bounds memory: groups × tokens × rows floats)
+
+Block = Callable[[torch.Tensor], torch.Tensor]  # one sample's input of the scaled linear → the block's output
 
 
-def search_scale(x: torch.Tensor, weight: torch.Tensor, group_size: int, n_grid: int = N_GRID) -> torch.Tensor:
-    """The per-input-channel scale s [in] minimising ‖x Wᵀ − x (Q(W·s)/s)ᵀ‖² over the α grid."""
-    x = x.reshape(-1, x.shape[-1]).float()
-    x_mean = x.abs().mean(dim=0)
-    if x.shape[0] > SEARCH_ROWS:
-        x = x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[:SEARCH_ROWS]]
-    weight = weight.float()
-    reference = x @ weight.T
-    best_loss, best_scale = float("inf"), torch.ones_like(x_mean)
-    for step in range(n_grid + 1):
-        scale = x_mean.pow(step / n_grid).clamp(min=1e-4)
-        scale = scale / (scale.max() * scale.min()).sqrt()
-        dequantized = quantize_int4(weight * scale, group_size).dequantize() / scale
-        loss = (x @ dequantized.T - reference).pow(2).mean().item()
-        if loss < best_loss:
-            best_loss, best_scale = loss, scale
+def scale_blocks(layer: nn.Module, attend: Attend) -> dict[str, Block]:
+    """The scaled linears of a decoder layer and the blocks whose outputs judge their scales."""
+    attn, mlp = layer.self_attn, layer.mlp
+    blocks = {"self_attn.qkv_proj": attend, "mlp.gate_up_proj": mlp, "mlp.down_proj": mlp.down_proj}
+    if attn.num_heads == attn.num_kv_heads:  # v's outputs feed o's inputs one to one
+        blocks["self_attn.o_proj"] = attn.o_proj
+    return blocks
+
+
+def candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor, n_grid: int = N_GRID) -> list[torch.Tensor]:
+    """s = 1, then AutoAWQ's x_mean^α / w_mean^(1-α) for α = 0, 1/n, …, (n-1)/n, each normalised."""
+    candidates = [torch.ones_like(x_mean)]
+    for step in range(n_grid):
+        ratio = step / n_grid
+        scale = (x_mean.pow(ratio) / (w_mean.pow(1 - ratio) + 1e-4)).clamp(min=1e-4)
+        candidates.append(scale / (scale.max() * scale.min()).sqrt())
+    return candidates
+
+
+def weight_mean(weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per input channel: the mean over rows of |w| relative to the largest |w| of its group."""
+    groups = pad_groups(weight.abs().float(), group_size)
+    relative = (groups / (groups.amax(dim=-1, keepdim=True) + 1e-6)).flatten(1)[:, : weight.shape[1]]
+    return relative.mean(dim=0)
+
+
+@torch.no_grad()
+def search_scale(inputs: list[torch.Tensor], linear: nn.Linear, block: Block, group_size: int) -> torch.Tensor:
+    """The per-input-channel scale s [in] minimising the MSE of block's output over calibration
+    samples `inputs` (each [tokens, in]) when linear's weight is replaced by Q(W·s)/s."""
+    x_mean = torch.cat([x.reshape(-1, x.shape[-1]) for x in inputs]).abs().float().mean(dim=0)
+    samples = inputs[:: max(1, len(inputs) // SEARCH_SAMPLES)][:SEARCH_SAMPLES]
+    original = linear.weight.detach().clone()
+    references = [block(x) for x in samples]
+    best_loss, best_scale = float("inf"), None
+    try:
+        for scale in candidate_scales(x_mean, weight_mean(original, group_size)):
+            linear.weight.copy_(quantize_int4(original * scale, group_size).dequantize() / scale)
+            loss = sum((block(x) - ref).float().pow(2).sum().item() for x, ref in zip(samples, references))
+            if loss < best_loss:
+                best_loss, best_scale = loss, scale
+    finally:
+        linear.weight.copy_(original)
     return best_scale
 
 
-def search_layer_scales(layer: nn.Module, x: dict[str, torch.Tensor], group_size: int) -> dict[str, torch.Tensor]:
-    """Scales for each linear of a decoder layer that has an op to fold them into, from its inputs x."""
+@torch.no_grad()
+def search_clip(x: torch.Tensor, weight: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Per (row, group) the max |w| [out, groups] minimising ‖X_g W_gᵀ − X_g Q(clamp(W_g))ᵀ‖² over
+    rows x [tokens, in]: AutoAWQ's `_compute_best_clip`, with each group's product as a batched matmul."""
+    groups = -(-weight.shape[1] // group_size)
+    xg = F.pad(x.float(), (0, groups * group_size - x.shape[1])).view(x.shape[0], groups, group_size).transpose(0, 1)
+    best = []
+    for rows in pad_groups(weight.float(), group_size).split(CLIP_ROWS):  # [rows, groups, group_size]
+        reference = torch.bmm(xg, rows.permute(1, 2, 0))  # [groups, tokens, rows]
+        original_max = rows.abs().amax(dim=-1)  # [rows, groups]
+        best_max, best_err = original_max.clone(), torch.full_like(original_max, float("inf"))
+        for step in range(int(MAX_SHRINK * N_GRID)):
+            max_val = original_max * (1 - step / N_GRID)
+            clipped = torch.clamp(rows, -max_val[..., None], max_val[..., None])
+            q = quantize_int4(clipped.flatten(1), group_size).dequantize().view_as(rows)
+            err = (torch.bmm(xg, q.permute(1, 2, 0)) - reference).pow(2).mean(dim=1).T  # [rows, groups]
+            better = err < best_err
+            best_err, best_max = torch.where(better, err, best_err), torch.where(better, max_val, best_max)
+        best.append(best_max)
+    return torch.cat(best)
+
+
+def apply_clip(weight: torch.Tensor, max_val: torch.Tensor, group_size: int) -> None:
+    bound = max_val.repeat_interleave(group_size, dim=1)[:, : weight.shape[1]]
+    torch.clamp(weight, -bound, bound, out=weight)
+
+
+def clip_rows(layer: nn.Module) -> dict[str, slice]:
+    """The rows of each linear that may be clipped: all but q's and k's."""
     attn = layer.self_attn
-    names = ["self_attn.qkv_proj", "mlp.gate_up_proj", "mlp.down_proj"]
-    if attn.num_heads == attn.num_kv_heads:  # v's outputs feed o's inputs one to one
-        names.append("self_attn.o_proj")
-    return {name: search_scale(x[name], layer.get_submodule(name).weight, group_size) for name in names}
+    return {name: slice(attn.q_size + attn.kv_size, None) if name == "self_attn.qkv_proj" else slice(None)
+            for name in linear_modules(layer)}
 
 
 def fold_scales(layer: nn.Module, scales: dict[str, torch.Tensor]) -> None:
@@ -68,17 +133,34 @@ def fold_scales(layer: nn.Module, scales: dict[str, torch.Tensor]) -> None:
 
 
 def awq_layer_quantizer(group_size: int) -> LayerQuantizer:
-    def quantize(layer: nn.Module, run: RunLayer) -> dict[str, Int4Weight]:
+    @torch.no_grad()
+    def quantize(layer: nn.Module, run: RunLayer, attend: Attend) -> dict[str, Int4Weight]:
         inputs: dict[str, list[torch.Tensor]] = defaultdict(list)
-        run(lambda name, x: inputs[name].append(x))
-        fold_scales(layer, search_layer_scales(layer, {name: torch.cat(rows) for name, rows in inputs.items()}, group_size))
-        out = {}
+        run(lambda name, x: inputs[name].append(x.detach().float()))
+        scales = {
+            name: search_scale(inputs[name], layer.get_submodule(name), block, group_size)
+            for name, block in scale_blocks(layer, attend).items()
+        }
+        fold_scales(layer, scales)
+        out, clippable = {}, clip_rows(layer)
         for name, module in linear_modules(layer).items():
+            rows = clippable[name]
+            x = _spread_rows(inputs[name], CLIP_TOKENS)
+            if name in scales:
+                x = x / scales[name]
+            weight = module.weight[rows]
+            apply_clip(weight, search_clip(x, weight, group_size), group_size)
             out[name] = quantize_int4(module.weight, group_size)
             module.weight.copy_(out[name].dequantize())
         return out
 
     return quantize
+
+
+def _spread_rows(inputs: list[torch.Tensor], count: int) -> torch.Tensor:
+    """About `count` rows taken evenly from all the samples' rows."""
+    x = torch.cat([t.reshape(-1, t.shape[-1]) for t in inputs])
+    return x[:: max(1, x.shape[0] // count)][:count]
 
 
 def _scale_rows(linear: nn.Linear, first_row: int, factor: torch.Tensor) -> None:

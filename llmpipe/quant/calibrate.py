@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 
 Observer = Callable[[str, torch.Tensor], None]  # (linear's name in the layer, its input rows)
 RunLayer = Callable[[Observer], None]  # runs the layer on every sample, showing each linear's inputs
-LayerQuantizer = Callable[[nn.Module, RunLayer], dict[str, Int4Weight]]
+Attend = Callable[[torch.Tensor], torch.Tensor]  # the layer's self-attention on one sample's normed hidden states
+LayerQuantizer = Callable[[nn.Module, RunLayer, Attend], dict[str, Int4Weight]]
 
 
 def calibration_samples(tokenizer: Tokenizer, text: str, num_samples: int, seq_len: int) -> torch.Tensor:
@@ -67,7 +68,10 @@ def quantize_layers(engine, samples: torch.Tensor, quantize_layer: LayerQuantize
                     for hook in hooks:
                         hook.remove()
 
-            for name, weight in quantize_layer(layer, run).items():
+            def attend(x: torch.Tensor, layer=layer, kv_cache=kv_cache, meta=meta) -> torch.Tensor:
+                return layer.self_attn(x, rope, kv_cache, meta)
+
+            for name, weight in quantize_layer(layer, run, attend).items():
                 results[f"model.layers.{i}.{name}"] = weight
             hidden = [layer(h, rope, kv_cache, meta) for h in hidden]
     return results

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from llmpipe.quant.calibrate import LayerQuantizer, RunLayer, linear_modules
+from llmpipe.quant.calibrate import Attend, LayerQuantizer, RunLayer, linear_modules
 from llmpipe.quant.formats import Int4Weight
 from llmpipe.quant.rtn import int4_codes, int4_scale_zero
 
@@ -115,7 +115,7 @@ def gptq_layer_quantizer(group_size: int, act_order: bool = False, percdamp: flo
     """Every linear of a decoder layer from one pass of Hessians over the calibration samples
     (stacked q/k/v and gate/up share an input, so one Hessian serves each stack)."""
 
-    def quantize(layer: nn.Module, run: RunLayer) -> dict[str, Int4Weight]:
+    def quantize(layer: nn.Module, run: RunLayer, _attend: Attend) -> dict[str, Int4Weight]:
         linears = linear_modules(layer)
         hessians = {name: Hessian(module.in_features) for name, module in linears.items()}
         run(lambda name, x: hessians[name].add(x))

@@ -6,6 +6,7 @@ SmolLM2 that moves greedy decoding off the float model's tokens at a step where 
 top-2 margin is 0.017. These kernels keep activations, scales and accumulation in float32.
 The library shares PyTorch's OpenMP runtime (same libgomp soname), so its threads are PyTorch's.
 Without a C compiler or AVX2 + FMA, `available()` is False and layers dequantize instead.
+`compile_library` builds the other C kernels too (`llmpipe.layers.attention_kernel`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -24,28 +26,37 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "lowbit_linear.c"
+SHARED_HEADER = Path(__file__).parents[1] / "csrc" / "simd.h"  # included by every kernel; part of the build hash
 MAX_ROWS = 8  # rows per call (csrc MAX_ROWS)
-CHUNK = 32  # K and group sizes must be multiples of this
+CHUNK = 32  # K (padded) and group sizes are multiples of this
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
+def compile_library(source: Path) -> ctypes.CDLL | None:
+    """C source compiled (once per content) with AVX2 + FMA + OpenMP and loaded; None without AVX2
+    or a C compiler (callers then take their PyTorch path)."""
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        logger.warning("no AVX2 on this CPU: quantized layers will dequantize for every matmul")
+        logger.warning("no AVX2 on this CPU: %s is not used", source.name)
         return None
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        logger.warning("no C compiler found: quantized layers will dequantize for every matmul")
+        logger.warning("no C compiler found: %s is not used", source.name)
         return None
-    source = SOURCE.read_bytes()
-    library = _build_dir() / f"lowbit-{hashlib.sha256(source).hexdigest()[:16]}.so"
+    code = source.read_bytes() + SHARED_HEADER.read_bytes()
+    library = _build_dir() / f"{source.stem}-{hashlib.sha256(code).hexdigest()[:16]}.so"
     if not library.exists():
-        _compile(compiler, library)
+        _compile(compiler, source, library)
     torch.ones(1).sum()  # make sure PyTorch's OpenMP runtime is loaded first, so the library binds to it
-    lib = ctypes.CDLL(str(library))
-    lib.int4_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64]
-    lib.int8_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64]
+    return ctypes.CDLL(str(library))
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = compile_library(SOURCE)
+    if lib is not None:
+        lib.int4_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64]
+        lib.int8_linear.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64]
     return lib
 
 
@@ -60,10 +71,11 @@ def _build_dir() -> Path:
         return fallback
 
 
-def _compile(compiler: str, library: Path) -> None:
-    logger.info("compiling %s", SOURCE.name)
-    partial = library.with_suffix(f".{id(library)}.tmp")
-    command = [compiler, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", str(SOURCE), "-o", str(partial)]
+def _compile(compiler: str, source: Path, library: Path) -> None:
+    logger.info("compiling %s", source.name)
+    partial = library.with_suffix(f".{os.getpid()}.tmp")  # per process: concurrent first uses never share it
+    command = [compiler, "-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", f"-I{SHARED_HEADER.parent}",
+               str(source), "-o", str(partial), "-lm"]
     subprocess.run(command, check=True, capture_output=True)
     partial.replace(library)  # atomic: concurrent builders never load a half-written file
 

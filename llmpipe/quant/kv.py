@@ -3,9 +3,19 @@
 int8: symmetric, one float16 scale per token and KV head. int4: asymmetric, a float16 scale and
 minimum per group of KV_INT4_GROUP head-dim elements, two codes per byte (element 2i in the low
 nibble, 2i + 1 in the high one). Attention reads whole blocks, so reads dequantize whole blocks.
+
+int4 K and V are stored rotated by an orthonormal Hadamard matrix R (as QuaRot does): a few
+head-dim channels of RoPE'd keys carry most of the magnitude, and rotating spreads them over the
+whole vector, so each group's min-max range, and its rounding step, shrinks (SmolLM2 on Hamlet:
++3.1% perplexity over the float cache rotated, +5.3% not). q·k = (qR)·(kR) and p·V = (p·VR)Rᵀ,
+so attention rotates the queries and un-rotates its output (`rotation`): two small matmuls per
+layer instead of un-rotating every cached vector it reads.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import torch
 
@@ -13,11 +23,24 @@ KV_INT4_GROUP = 32  # int4 KV: one scale and one minimum per this many head-dim 
 SCALE_DTYPE = torch.float16
 
 
+@functools.cache
+def hadamard(n: int) -> torch.Tensor:
+    """The orthonormal Sylvester-Hadamard matrix of order n (a power of two): entries ±1/√n."""
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)])
+    return h / math.sqrt(n)
+
+
 class QuantizedKV:
-    """One layer's storage: codes [2, blocks, block_size, kv_heads, D or D / 2] plus scales."""
+    """One layer's storage: codes [2, blocks, block_size, kv_heads, D or D / 2] plus scales.
+
+    `rotation` (int4, D a power of two): K and V are stored as K·R and V·R, and `read` returns them so."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor, minimum: torch.Tensor | None, head_dim: int):
         self.codes, self.scale, self.minimum, self.head_dim = codes, scale, minimum, head_dim
+        rotated = minimum is not None and head_dim & (head_dim - 1) == 0
+        self.rotation = hadamard(head_dim).to(codes.device) if rotated else None
 
     @staticmethod
     def storage(kind: str, shape: tuple[int, ...], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -37,13 +60,14 @@ class QuantizedKV:
 
     def write(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """k, v: [tokens, kv_heads, D] → the cache slots `slots` (block × block_size + offset)."""
-        codes, scale, minimum = self.quantize(torch.stack([k, v]).float())
+        x = torch.stack([k, v]).float()
+        codes, scale, minimum = self.quantize(x if self.rotation is None else x @ self.rotation)
         for store, new in ((self.codes, codes), (self.scale, scale), (self.minimum, minimum)):
             if store is not None:
                 store.flatten(1, 2).index_copy_(1, slots, new)
 
     def read(self, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Blocks `block_ids` dequantized: [2, len(block_ids), block_size, kv_heads, D]."""
+        """Blocks `block_ids` dequantized: [2, len(block_ids), block_size, kv_heads, D] (rotated by `rotation`)."""
         codes, scale = self.codes.index_select(1, block_ids), self.scale.index_select(1, block_ids).float()
         if self.minimum is None:
             return (codes.float() * scale).to(dtype)

@@ -31,22 +31,34 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def _apply_groups(q: torch.Tensor, group_size: int, scale: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+    """q [rows, K] × scale[rows, g] (+ offset[rows, g]) per group of group_size columns; the last
+    group may be narrower."""
+    width, pad = q.shape[1], scale.shape[1] * group_size - q.shape[1]
+    groups = (F.pad(q, (0, pad)) if pad else q).unflatten(1, (-1, group_size))
+    w = groups * scale[..., None]
+    if offset is not None:
+        w += offset[..., None]
+    return w.flatten(1)[:, :width]
+
+
 class QuantizedLinear(nn.Module):
     """Common part: shapes, bias, shard staging, the kernel-or-GEMM choice."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, group_size: int | None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        # Kernel layout: K padded to whole groups and 32-element chunks (zeros in x meet the padding).
+        # Kernel layout: K padded to whole 32-element chunks (zeros in x meet the padding); the last
+        # group may be narrower than group_size (SmolLM2's 576 inputs at g128: 4 groups of 128, one of 64).
         self.group_size = group_size or _round_up(in_features, CHUNK)
-        self.padded_in = _round_up(in_features, self.group_size)
+        self.padded_in = _round_up(in_features, CHUNK)
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.shard_sizes: tuple[int, ...] = (out_features,)
         self._staged: dict[int, QuantizedWeight] = {}
 
     @property
     def num_groups(self) -> int:
-        return self.padded_in // self.group_size
+        return -(-self.padded_in // self.group_size)
 
     def load_shard(self, shard: int | None, tensor: torch.Tensor | QuantizedWeight) -> None:
         """Take one checkpoint tensor (float: quantized here; or already quantized) for rows `shard`."""
@@ -59,9 +71,14 @@ class QuantizedLinear(nn.Module):
         x = self.kernel_input(x)
         if x.shape[0] > KERNEL_MAX_BATCH or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
-        rows = x.float().contiguous().split(kernels.MAX_ROWS)
-        y = torch.cat([self.kernel(part) for part in rows]) if len(rows) > 1 else self.kernel(rows[0])
-        y = y.to(x.dtype)
+        # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
+        wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        if wide.shape[0] <= kernels.MAX_ROWS:
+            y = self.kernel(wide)
+        else:
+            y = torch.cat([self.kernel(part) for part in wide.split(kernels.MAX_ROWS)])
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
 
     def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
@@ -119,7 +136,7 @@ class Int8Linear(QuantizedLinear):
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
-        return (q.float().unflatten(1, (-1, self.group_size)) * scale[..., None]).flatten(1)
+        return _apply_groups(q.float(), self.group_size, scale)
 
 
 class Int4Linear(QuantizedLinear):
@@ -161,7 +178,7 @@ class Int4Linear(QuantizedLinear):
         )
         chunks = codes.view(codes.shape[0], -1, CHUNK // 2)
         q = torch.stack([chunks & 15, chunks >> 4], dim=2).flatten(1).float()
-        return (q.unflatten(1, (-1, self.group_size)) * scale[..., None] + offset[..., None]).flatten(1)
+        return _apply_groups(q, self.group_size, scale, offset)
 
     def dequantize(self) -> torch.Tensor:
         w = super().dequantize()

@@ -37,6 +37,13 @@ class _EngineCollector(Collector):
             "llmpipe:prefix_cache_queries", "Prompt blocks looked up in the prefix cache.", s.prefix_cache_queries
         )
         yield CounterMetricFamily("llmpipe:prefix_cache_hits", "Prompt blocks served by the prefix cache.", s.prefix_cache_hits)
+        if s.spec_decode is not None:
+            spec = s.spec_decode
+            yield CounterMetricFamily("llmpipe:spec_decode_num_drafts", "Speculative proposals verified.", spec.num_drafts)
+            yield CounterMetricFamily("llmpipe:spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens)
+            yield CounterMetricFamily(
+                "llmpipe:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted.", spec.num_accepted_tokens
+            )
 
 
 class ServerMetrics:

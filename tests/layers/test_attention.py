@@ -1,20 +1,29 @@
-"""Fast paged attention (batched decode + SDPA prefill chunks) against the per-token reference."""
+"""Fast paged attention (batched decode, in C or PyTorch, + SDPA prefill chunks) against the per-token reference."""
 
 import random
 
 import pytest
 import torch
 
+from llmpipe.layers import attention_kernel
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk, paged_attention, reference_paged_attention
 
-HEADS, KV_HEADS, DIM, BLOCK, NUM_BLOCKS = 6, 2, 8, 4, 64
+BLOCK, NUM_BLOCKS = 4, 64
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_mixed_decode_and_prefill_batch_matches_reference(window):
+@pytest.mark.parametrize("heads", [(6, 2, 8), (9, 3, 64)], ids=["gqa-dim8", "smollm2-heads"])
+@pytest.mark.parametrize("kernel", [True, False], ids=["C-decode", "PyTorch-decode"])
+def test_mixed_decode_and_prefill_batch_matches_reference(window, heads, kernel, monkeypatch):
+    HEADS, KV_HEADS, DIM = heads
+    if kernel and attention_kernel._library() is None:
+        pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
+    if not kernel:
+        monkeypatch.setattr(attention_kernel, "usable", lambda q, kv_cache: False)
     rng = random.Random(0)
     torch.manual_seed(0)
     kv_cache = torch.randn(2, NUM_BLOCKS, BLOCK, KV_HEADS, DIM)
+    assert attention_kernel.usable(torch.zeros(1, HEADS, DIM), kv_cache) == kernel
     free = list(range(NUM_BLOCKS))
     rng.shuffle(free)
     # (tokens already cached, new tokens): three decodes, then a fresh prompt and a chunk on a cached prefix.

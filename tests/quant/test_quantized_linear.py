@@ -35,14 +35,14 @@ def int4_layer(out_features: int, in_features: int, group: int, bias: bool = Fal
     return layer, layer.dequantize()
 
 
-@pytest.mark.parametrize("shape", [(96, 64), (960, 576), (50, 100), (64, 112)])
+@pytest.mark.parametrize("shape", [(96, 64), (960, 576), (51, 576), (50, 100), (64, 112)])  # 51: an odd row count
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_linear_equals_dequantize_then_matmul(shape, group):
     layer, weight = int4_layer(*shape, group, bias=True)
     assert_matches_reference(layer, weight)
 
 
-@pytest.mark.parametrize("shape", [(96, 64), (50, 100)])
+@pytest.mark.parametrize("shape", [(96, 64), (51, 100)])
 def test_int8_linear_equals_dequantize_then_matmul(shape):
     torch.manual_seed(0)
     layer = Int8Linear(shape[1], shape[0])

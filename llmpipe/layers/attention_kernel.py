@@ -1,0 +1,54 @@
+"""Decode attention in C (csrc/paged_attention.c), reading a float32 paged cache in place.
+
+A decode step's attention in PyTorch is a gather of every cached block plus two dozen small ops
+per layer (a bmm per KV head, softmax, stacking); at batch 1 those calls cost more than the
+arithmetic. The kernel does the same float32 math in one call; `decode_attention` in
+`attention.py` takes it where it applies and keeps the PyTorch path for other caches (bfloat16,
+quantized). Both are tested against `reference_paged_attention`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from llmpipe.quant.kernels import compile_library
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    lib = compile_library(SOURCE)
+    if lib is not None:
+        lib.paged_decode_attention.argtypes = [_PTR] * 5 + [_I64] * 7 + [ctypes.c_float, _I64]
+    return lib
+
+
+def usable(q: torch.Tensor, kv_cache) -> bool:
+    """A float32 CPU cache (not a quantized one) and float32 queries, head_dim a multiple of 8."""
+    return (
+        isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.float32 and q.dtype == torch.float32
+        and kv_cache.device.type == "cpu" and kv_cache.is_contiguous() and kv_cache.shape[-1] % 8 == 0
+        and _library() is not None
+    )
+
+
+def paged_decode_attention(
+    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D]."""
+    batch, heads, head_dim = q.shape
+    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    q, tables, lens = q.contiguous(), block_tables.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
+    out = torch.empty(batch, heads * head_dim)
+    _library().paged_decode_attention(
+        q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
+        batch, heads, kv_heads, head_dim, num_blocks, block_size, tables.shape[1], scale, window or 0,
+    )
+    return out
