@@ -14,7 +14,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-throughput bench-serve install clean
+.PHONY: demo test bench bench-throughput bench-serve bench-spec install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +46,10 @@ test: $(TESTENV) $(BROWSER)
 
 bench: $(TESTENV)
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct
+
+# Batch-1 decode with n-gram and INT4-draft speculation vs without, on input-grounded and open-ended prompts.
+bench-spec: $(TESTENV)
+	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --speculative-method ngram draft --speculative-quantization auto --spec-output-len 96
 
 bench-throughput: $(TESTENV)
 	$(VENV)/bin/llmpipe bench throughput --model smollm2-135m-instruct --num-prompts 64 --input-len 128 --output-len 128 --prefix-len 1024

@@ -7,6 +7,7 @@ next token of every sequence that finished its prefill or decoded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from contextlib import contextmanager
@@ -260,7 +261,7 @@ class LLMEngine:
         logits = self.runner.run(batch)
         self._advance_computed(batch)
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
-        starts = [sum(widths[:i]) for i in range(len(widths))]
+        starts = [0, *itertools.accumulate(widths)]
         rows, seqs = self._with_forked_siblings(sampled)
         touched = self._sample_and_append(seqs, [logits[starts[r] : starts[r] + widths[r]] for r in rows], proposals)
         if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step

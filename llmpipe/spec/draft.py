@@ -45,6 +45,7 @@ class DraftProposer:
             config, model=config.speculative_model, quantization=config.speculative_quantization,
             dtype="auto" if config.speculative_quantization == "auto" else config.dtype,  # auto: a GGUF's Q4/Q8 as stored
             speculative_method=None, speculative_model=None, model_config=None, max_num_blocks=None,
+            tensor_parallel_size=1,  # the draft runs whole on rank 0
         )
         checkpoint = load_checkpoint(draft_config.model)
         if checkpoint.config.vocab_size != target.vocab_size:
