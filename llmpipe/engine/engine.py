@@ -263,7 +263,7 @@ class LLMEngine:
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
         rows, seqs = self._with_forked_siblings(sampled)
-        touched = self._sample_and_append(seqs, [logits[starts[r] : starts[r] + widths[r]] for r in rows], proposals)
+        touched = self._sample_and_append(seqs, logits, [(starts[r], widths[r]) for r in rows], proposals)
         if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step
             for seq in seqs:
                 seq.num_computed_tokens = 0
@@ -333,20 +333,22 @@ class LLMEngine:
         return outputs
 
     def _sample_and_append(
-        self, seqs: list[Sequence], logits: list[torch.Tensor], proposals: dict[Sequence, Proposal]
+        self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]], proposals: dict[Sequence, Proposal]
     ) -> set[str]:
-        """logits[i]: seqs[i]'s rows, one per token fed (its newest token and any drafts)."""
+        """spans[i]: (first row, rows) of seqs[i]'s logits, one row per token fed (its newest token
+        and any drafts)."""
         if not seqs:
             return set()
         emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
         plain = [i for i, seq in enumerate(seqs) if seq not in proposals]
         if plain:
-            result = sample(torch.cat([logits[i] for i in plain]), [self._sampling_row(seqs[i]) for i in plain])
+            result = sample(logits[[spans[i][0] for i in plain]], [self._sampling_row(seqs[i]) for i in plain])
             for i, token, logprobs in zip(plain, result.token_ids, result.logprobs):
                 emitted[i] = ([token], [logprobs])
         for i, seq in enumerate(seqs):
             if seq in proposals:
-                emitted[i] = self._verify(seq, logits[i], proposals[seq])
+                start, width = spans[i]
+                emitted[i] = self._verify(seq, logits[start : start + width], proposals[seq])
         now = time.perf_counter()
         touched: set[str] = set()
         for seq, (tokens, logprobs) in zip(seqs, emitted):

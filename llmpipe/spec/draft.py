@@ -129,13 +129,15 @@ class DraftProposer:
         rows = [self.row_for(targets[s], drafted[targets[s]]) for s in order]
         adjusted = adjusted_logits(logits, rows)
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+        q_row = {i: j for j, i in enumerate(sampled)}
         q = distribution(adjusted[sampled], [rows[i] for i in sampled]) if sampled else None
+        argmax = adjusted.argmax(dim=-1).tolist()
         for i, shadow in enumerate(order):
             seq = targets[shadow]
             if rows[i].params.greedy:
-                token = int(adjusted[i].argmax())
+                token = argmax[i]
             else:
-                dist = q[sampled.index(i)]
+                dist = q[q_row[i]]
                 token = draw(dist, rows[i].generator)
                 probs[seq].append(dist)
             drafted[seq].append(token)

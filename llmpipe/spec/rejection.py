@@ -37,11 +37,11 @@ def verify(adjusted: torch.Tensor, rows: Sequence[SamplingRow], proposal: Propos
         if p_token >= q_token or (p_token > 0 and _uniform(generator) * q_token < p_token):
             emitted.append(token)
             continue
-        residual = p[i].clone()
         if q is None:
+            residual = p[i].clone()
             residual[token] = 0.0
         else:
-            residual = (residual - q).clamp_min_(0.0)
+            residual = (p[i] - q).clamp_min_(0.0)
         if float(residual.sum()) <= 0.0:  # only by rounding: p and q equal
             residual = p[i]
         return emitted + [draw(residual, generator)]
