@@ -14,6 +14,7 @@ reusable only as far as every group still has the blocks its next query reads.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -102,7 +103,7 @@ class BlockManager:
 
     def _span(self, spec: KVCacheSpec, start: int, end: int) -> tuple[int, int]:
         """Blocks [first, last) that computing positions start..end-1 reads or writes."""
-        return spec.first_needed_block(start, self.block_size), -(-end // self.block_size)
+        return spec.first_needed_block(start, self.block_size), -(-end // spec.tokens_per_block(self.block_size))
 
     def _missing(self, spec: KVCacheSpec, table: BlockTable, start: int, end: int) -> int:
         first, last = self._span(spec, start, end)
@@ -116,22 +117,31 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return PrefixHit(0, [BlockTable() for _ in self.specs])
         hashes = self._hashes(seq, (len(seq.all_token_ids) - 1) // self.block_size)
-        k = len(hashes)
+        k = self._round_hit(len(hashes))
         # A block some group needs for a k-block prefix and lacks is needed by every longer prefix
         # too (a window's first needed block only moves forward), so k drops below it.
         while k and (miss := self._highest_miss(seq, hashes, k)) is not None:
-            k = miss
+            k = self._round_hit(miss)
         tables = []
         for group, spec in enumerate(self.specs):
             first = spec.first_needed_block(k * self.block_size, self.block_size)
-            tables.append(BlockTable(first, [self._lookup(group, i, hashes, seq) for i in range(first, k)]))
+            ids = [self._lookup(group, (j + 1) * spec.ratio - 1, hashes, seq) for j in range(first, k // spec.ratio)]
+            tables.append(BlockTable(first, ids))
         return PrefixHit(k * self.block_size, tables)
 
+    def _round_hit(self, k: int) -> int:
+        """A prefix of k token blocks cut to whole blocks of every compressed group (a partly filled
+        block of entries would be written by the new sequence while others read it)."""
+        return k - k % math.lcm(*(spec.ratio for spec in self.specs))
+
     def _highest_miss(self, seq: PagedSequence, hashes: list[int], k: int) -> int | None:
+        """The longest prefix (token blocks) short of k that the highest missing block allows, if one is missing.
+        A group's block j holds token blocks j·ratio … (j+1)·ratio − 1 and is cached under the last one's hash."""
         misses = []
         for group, spec in enumerate(self.specs):
-            first = spec.first_needed_block(k * self.block_size, self.block_size)
-            misses.append(next((i for i in range(k - 1, first - 1, -1) if self._lookup(group, i, hashes, seq) is None), None))
+            first, r = spec.first_needed_block(k * self.block_size, self.block_size), spec.ratio
+            missing = (j for j in range(k // r - 1, first - 1, -1) if self._lookup(group, (j + 1) * r - 1, hashes, seq) is None)
+            misses.append(next((j * r for j in missing), None))
         return max((m for m in misses if m is not None), default=None)
 
     def _lookup(self, group: int, index: int, hashes: list[int], seq: PagedSequence) -> int | None:
@@ -192,8 +202,8 @@ class BlockManager:
 
     def trim(self, seq: PagedSequence, num_tokens: int) -> None:
         """Give back the blocks past the first num_tokens positions (a speculative step's rejected tail)."""
-        for table in seq.block_tables:
-            keep = max(0, -(-num_tokens // self.block_size) - table.offset)
+        for spec, table in zip(self.specs, seq.block_tables):
+            keep = max(0, -(-num_tokens // spec.tokens_per_block(self.block_size)) - table.offset)
             self._release(table.ids[keep:])
             del table.ids[keep:]
 
@@ -206,9 +216,12 @@ class BlockManager:
         tokens, size = seq.all_token_ids, self.block_size
         for index in range(seq.num_hashed_blocks, full):
             chunk = tuple(tokens[index * size : (index + 1) * size])
-            for group, table in enumerate(seq.block_tables):
-                if table.offset <= index < len(table):
-                    block = self.blocks[table.ids[index - table.offset]]
+            for group, (spec, table) in enumerate(zip(self.specs, seq.block_tables)):
+                if (index + 1) % spec.ratio:
+                    continue  # a compressed group's block fills with its last token block
+                j = (index + 1) // spec.ratio - 1
+                if table.offset <= j < len(table):
+                    block = self.blocks[table.ids[j - table.offset]]
                     if block.hash is None:
                         block.hash, block.token_ids, block.group = hashes[index], chunk, group
                         self.cached[group].setdefault(block.hash, block.block_id)
@@ -224,9 +237,13 @@ class BlockManager:
 
     # ---- n > 1, release ----------------------------------------------------------------------
 
+    def _full_blocks(self, seq: PagedSequence) -> list[int]:
+        """Per group, how many of seq's blocks its tokens fill."""
+        return [len(seq.all_token_ids) // spec.tokens_per_block(self.block_size) for spec in self.specs]
+
     def can_fork(self, parent: PagedSequence) -> bool:
-        full = len(parent.all_token_ids) // self.block_size
-        return sum(len(table) > full for table in parent.block_tables) <= len(self.free)
+        fulls = self._full_blocks(parent)
+        return sum(len(table) > full for table, full in zip(parent.block_tables, fulls)) <= len(self.free)
 
     def fork(self, parent: PagedSequence, child: PagedSequence) -> list[tuple[int, int]]:
         """Child shares parent's full blocks; a partial last block is copied (copy-on-write done at once).
@@ -234,12 +251,12 @@ class BlockManager:
         full = len(parent.all_token_ids) // self.block_size
         copies = []
         child.block_tables = []
-        for table in parent.block_tables:
-            shared = table.ids[: max(0, full - table.offset)]
+        for table, group_full in zip(parent.block_tables, self._full_blocks(parent)):
+            shared = table.ids[: max(0, group_full - table.offset)]
             for block_id in shared:
                 self._ref(block_id)
             mine = BlockTable(table.offset, list(shared))
-            if len(table) > max(full, table.offset):
+            if len(table) > max(group_full, table.offset):
                 mine.ids.append(self._take_free_block())
                 copies.append((table.ids[-1], mine.ids[-1]))
             child.block_tables.append(mine)

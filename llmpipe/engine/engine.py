@@ -153,7 +153,6 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         blocks = self.block_manager
-        full_layers = sum(len(g.layers) for g in self.kv_layout.groups if g.spec.window is None)
         per_seq: dict[str, int] = {}
         for seq in self.scheduler.running:
             per_seq[seq.request_id] = per_seq.get(seq.request_id, 0) + blocks.blocks_held(seq) * self.block_bytes
@@ -164,7 +163,7 @@ class LLMEngine:
             num_blocks=blocks.num_blocks,
             num_free_blocks=blocks.num_free_blocks,
             peak_blocks_in_use=blocks.peak_blocks_in_use,
-            kv_bytes_per_token=self.runner.kv_cache.bytes_per_token * full_layers // self.kv_layout.num_layers,
+            kv_bytes_per_token=self.kv_layout.growth_bytes_per_token(self.runner.kv_cache.bytes_per_token),
             prefix_cache_queries=blocks.prefix_queries,
             prefix_cache_hits=blocks.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,

@@ -8,6 +8,7 @@ import torch
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import LLMPipeError
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
+from llmpipe.engine.compressed_kv_cache import CompressedKVCache, CompressedKVLayout, check_supported, compressed_kv_layout
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
 
 
@@ -39,8 +40,13 @@ def num_blocks_for(
 
 def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
     """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
-    layout = kv_cache_layout(cfg)
-    block_bytes = layout.block_bytes(kv_bytes_per_token(cfg, config.torch_dtype, config.kv_cache_dtype), config.block_size)
+    if cfg.deepseek_v4 is not None:
+        check_supported(config.kv_cache_dtype, config.tensor_parallel_size)
+        layout = compressed_kv_layout(cfg)
+        block_bytes = config.block_size * layout.row_elements * config.torch_dtype.itemsize
+    else:
+        layout = kv_cache_layout(cfg)
+        block_bytes = layout.block_bytes(kv_bytes_per_token(cfg, config.torch_dtype, config.kv_cache_dtype), config.block_size)
     num_blocks = config.max_num_blocks or config.kv_cache_memory // block_bytes
     if num_blocks < 1:
         raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of {config.model}")
@@ -70,3 +76,12 @@ class PagedKVCache:
     def copy_block(self, src: int, dst: int) -> None:
         for tensor in self.tensors:
             tensor[:, :, dst] = tensor[:, :, src]
+
+
+def make_kv_cache(
+    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device, layout: KVCacheLayout,
+    kv_cache_dtype: str = "auto",
+) -> PagedKVCache | CompressedKVCache:
+    if isinstance(layout, CompressedKVLayout):
+        return CompressedKVCache(layout, num_blocks, block_size, dtype, device)
+    return PagedKVCache(cfg, num_blocks, block_size, dtype, device, layout, kv_cache_dtype)

@@ -20,10 +20,17 @@ from llmpipe.config import ModelConfig
 @dataclass(frozen=True)
 class KVCacheSpec:
     window: int | None  # None: full attention
+    # Tokens per cache row: 1 for K/V, r for compressed entries (a block then spans block_size × r tokens).
+    ratio: int = 1
+    width: int = 0  # elements of one layer's row where rows are not K and V of the model's heads (DeepSeek V4)
 
     @property
     def name(self) -> str:
-        return "full" if self.window is None else f"sliding_window({self.window})"
+        kind = "full" if self.window is None else f"sliding_window({self.window})"
+        return kind if self.ratio == 1 else f"compressed({self.ratio})"
+
+    def tokens_per_block(self, block_size: int) -> int:
+        return block_size * self.ratio
 
     def first_needed_block(self, position: int, block_size: int) -> int:
         """Lowest block a query at `position`, or at any later position, still reads."""
@@ -31,7 +38,7 @@ class KVCacheSpec:
 
     def blocks_held(self, num_tokens: int, block_size: int) -> int:
         """Blocks a sequence of num_tokens computed tokens holds between steps (the next query is at num_tokens)."""
-        return -(-num_tokens // block_size) - self.first_needed_block(num_tokens, block_size)
+        return -(-num_tokens // self.tokens_per_block(block_size)) - self.first_needed_block(num_tokens, block_size)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,15 @@ class KVCacheLayout:
         """Blocks one sequence of num_tokens tokens holds, over all groups."""
         return sum(group.spec.blocks_held(num_tokens, block_size) for group in self.groups)
 
+    def layer_metadata(self, group_metas: list) -> list:
+        """What each layer's attention receives: its group's metadata."""
+        return [group_metas[g] for g in self.layer_groups]
+
+    def growth_bytes_per_token(self, bytes_per_token: int) -> int:
+        """Bytes each further token adds to a sequence (full-attention layers; windows stop growing)."""
+        full_layers = sum(len(g.layers) for g in self.groups if g.spec.window is None)
+        return bytes_per_token * full_layers // self.num_layers
+
     def block_bytes(self, bytes_per_token: int, block_size: int) -> int:
         """Bytes of one block, from the bytes a token takes in all layers."""
         return bytes_per_token * self.slots_per_block // self.num_layers * block_size
@@ -62,9 +78,9 @@ class KVCacheLayout:
     def max_tokens(self, num_blocks: int, block_size: int, chunk: int, limit: int) -> int:
         """The longest sequence (up to `limit`) the pool holds alone, prefilled in chunks of at most `chunk` tokens."""
         def peak(tokens: int) -> int:
-            blocks = -(-tokens // block_size)
             return sum(
-                blocks if g.spec.window is None else min(blocks, -(-(g.spec.window + chunk) // block_size) + 1)
+                -(-tokens // g.spec.tokens_per_block(block_size)) if g.spec.window is None
+                else min(-(-tokens // block_size), -(-(g.spec.window + chunk) // block_size) + 1)
                 for g in self.groups
             )
         low, high = 0, limit  # peak(low) fits; the answer is at most `high`

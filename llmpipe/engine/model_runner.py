@@ -13,7 +13,7 @@ from torch import nn
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.block_manager import BlockTable
-from llmpipe.engine.kv_cache import PagedKVCache
+from llmpipe.engine.kv_cache import make_kv_cache
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, KVCacheSpec
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
@@ -28,7 +28,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.block_size = config.block_size
         self.layout = layout
-        self.kv_cache = PagedKVCache(
+        self.kv_cache = make_kv_cache(
             config.model_config, num_blocks, config.block_size, config.torch_dtype, self.device, layout,
             config.kv_cache_dtype,
         )
@@ -88,11 +88,13 @@ class ModelRunner:
                                  [(tables[g], start, end, row) for tables, start, end, row in chunks])
             for g, group in enumerate(self.layout.groups)
         ]
-        return [groups[g] for g in self.layout.layer_groups]
+        return self.layout.layer_metadata(groups)
 
     def _group_metadata(
         self, spec: KVCacheSpec, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]
     ) -> AttentionMetadata:
+        if spec.ratio > 1:
+            return self._entry_metadata(tables, lens, chunks)
         size, device = self.block_size, self.device
         slots = [torch.tensor([t.block_of(n - 1, size) * size + (n - 1) % size for t, n in zip(tables, lens)], dtype=torch.long, device=device)]
         decode_tables = decode_lens = None
@@ -114,3 +116,15 @@ class ModelRunner:
             torch.cat(slots), len(lens), decode_tables, decode_lens, prefills,
             decode_max_len=max(local_lens, default=0), decode_same_len=len(set(local_lens)) <= 1,
         )
+
+    def _entry_metadata(self, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]) -> AttentionMetadata:
+        """A compressed group's whole tables (its layers write the entries they pool themselves)."""
+        device = self.device
+        decode_tables = None
+        if tables:
+            width = max(len(t.ids) for t in tables)
+            decode_tables = torch.tensor([t.ids + [0] * (width - len(t.ids)) for t in tables], device=device)
+        prefills = [PrefillChunk(row, row + end - start, end, torch.tensor(table.ids, device=device))
+                    for table, start, end, row in chunks]
+        empty = torch.empty(0, dtype=torch.long, device=device)
+        return AttentionMetadata(empty, len(lens), decode_tables, None, prefills)

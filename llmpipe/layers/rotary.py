@@ -26,16 +26,60 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.T
     return torch.where(is_medium, blended, scaled)
 
 
+def _yarn_inv_freq(inv_freq: torch.Tensor, rotary_dim: int, theta: float, scaling: dict[str, Any]) -> torch.Tensor:
+    """YaRN (transformers' `_compute_yarn_parameters`): keep the frequencies that turn more than beta_fast
+    times over the original context, divide by `factor` those turning fewer than beta_slow times, and ramp
+    linearly (in dimension index) between."""
+    factor, context = _yarn_factor(scaling), scaling["original_max_position_embeddings"]
+
+    def dim_of(rotations: float) -> float:  # the dimension whose frequency turns `rotations` times over the context
+        return rotary_dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(scaling.get("beta_fast") or 32), dim_of(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, rotary_dim - 1)
+    span = high - low if high != low else 0.001  # transformers' guard against a zero-width ramp
+    ramp = ((torch.arange(rotary_dim // 2, dtype=torch.float64) - low) / span).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def _yarn_factor(scaling: dict[str, Any]) -> float:
+    if scaling.get("factor") is None:
+        raise UnsupportedModelError("YaRN RoPE scaling needs a 'factor'")
+    return float(scaling["factor"])
+
+
+def _rope_type(scaling: dict[str, Any] | None) -> str:
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
 def rope_inv_freq(rotary_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
     inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
-    rope_type = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    rope_type = _rope_type(scaling)
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
         return inv_freq / scaling["factor"]
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling)
-    raise UnsupportedModelError(f"RoPE scaling type {rope_type!r} is not supported (default, linear, llama3)")
+    if rope_type == "yarn":
+        return _yarn_inv_freq(inv_freq, rotary_dim, theta, scaling)
+    raise UnsupportedModelError(f"RoPE scaling type {rope_type!r} is not supported (default, linear, llama3, yarn)")
+
+
+def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
+    """What cos and sin are multiplied by: YaRN's `attention_factor`, by default 0.1 ln(factor) + 1
+    (or the ratio of two such terms with DeepSeek's mscale / mscale_all_dim); 1 for the other types."""
+    if _rope_type(scaling) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = _yarn_factor(scaling)
+    mscale = lambda m=1.0: 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0  # noqa: E731
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -54,10 +98,12 @@ class RotaryEmbedding(torch.nn.Module):
             return
         inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
         angles = torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq)
-        angles = torch.cat([angles, angles], dim=-1)
-        device = self.cos.device
-        self.cos = angles.cos().float().to(device)
-        self.sin = angles.sin().float().to(device)
+        self._set_tables(torch.cat([angles, angles], dim=-1))
+
+    def _set_tables(self, angles: torch.Tensor) -> None:
+        scale, device = rope_attention_factor(self.scaling), self.cos.device
+        self.cos = (angles.cos() * scale).float().to(device)
+        self.sin = (angles.sin() * scale).float().to(device)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions, [T, 1, head_dim]: looked up once per forward, shared by all layers."""
@@ -68,3 +114,35 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     """x: [T, heads, head_dim], rotate-half layout."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class InterleavedRotaryEmbedding(RotaryEmbedding):
+    """RoPE on consecutive channel pairs (x0, x1), (x2, x3), … of the last `rotary_dim` channels of
+    each head (DeepSeek V4): tables hold one angle per pair, [max_positions, rotary_dim / 2]."""
+
+    def __init__(self, rotary_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
+        torch.nn.Module.__init__(self)
+        self.head_dim, self.max_positions, self.theta, self.scaling = rotary_dim, max_positions, theta, scaling
+        self.register_buffer("cos", torch.empty(max_positions, rotary_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_positions, rotary_dim // 2), persistent=False)
+        self.reset_tables()
+
+    def reset_tables(self) -> None:
+        if self.cos.is_meta:
+            return
+        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
+        self._set_tables(torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq))
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, 1, rotary_dim / 2] in float32 (the rotation runs in float32, as the reference's)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_interleaved_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the last 2 × cos.shape[-1] channels of x [..., heads, D] pairwise (in float32); the rest pass.
+    cos, sin broadcast over heads: [..., 1, rotary_dim / 2]. Negate sin to rotate back."""
+    rope_dim = 2 * cos.shape[-1]
+    rope = x[..., -rope_dim:].float().unflatten(-1, (-1, 2))
+    even, odd = rope[..., 0], rope[..., 1]
+    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+    return torch.cat([x[..., :-rope_dim], rotated.to(x.dtype)], dim=-1)

@@ -1,0 +1,107 @@
+"""DeepSeek V4's paged cache: the window, the compressors' pending tokens, the compressed entries and
+the indexer keys, all in one pool of blocks (layers/compressed_attention.py reads and writes them).
+
+Every layer has a window store, one row per token: its K=V vector and, on CSA / HCA layers, the
+compressor's (and indexer's) projections of that token. It is a sliding-window group that keeps
+max(window, the tokens of the widest open compression span) rows, so the pending tokens of the
+next entries are always still there (and come back with a prefix-cache hit). CSA / HCA layers also
+have an entry store, one row per `ratio` tokens: the entry (and, for CSA, the indexer key); it is a
+group of ratio r, whose block spans block_size × r tokens and is never freed while the sequence runs.
+
+Stores of the same shape form groups as for other models (engine/kv_cache_spec.py), and groups
+share one pool of equal-sized pages (vLLM v1's hybrid allocator): a group of narrow rows packs more
+layers into a page than one of wide rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from llmpipe.config import ModelConfig
+from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout, KVCacheSpec
+from llmpipe.errors import UnsupportedModelError
+
+WINDOW, CSA = "sliding_attention", "compressed_sparse_attention"
+
+
+@dataclass(frozen=True)
+class CompressedKVLayout(KVCacheLayout):
+    layer_caches: tuple[tuple[int, int | None], ...] = ()  # per model layer: (window store, entry store)
+    row_elements: int = 0  # elements of one row of a page (a block holds block_size such rows)
+
+    def layer_metadata(self, group_metas: list) -> list:
+        meta = lambda cache: None if cache is None else group_metas[self.layer_groups[cache]]  # noqa: E731
+        return [(meta(window), meta(entry)) for window, entry in self.layer_caches]
+
+    def growth_bytes_per_token(self, bytes_per_token: int) -> int:
+        return bytes_per_token  # CompressedKVCache counts the growth itself
+
+
+def store_specs(cfg: ModelConfig, layer: int) -> tuple[KVCacheSpec, KVCacheSpec | None]:
+    """The window store's and the entry store's spec of one layer."""
+    v4, head_dim = cfg.deepseek_v4, cfg.head_dim
+    kind = v4.layer_types[layer]
+    if kind == WINDOW:
+        return KVCacheSpec(cfg.sliding_window, width=head_dim), None
+    ratio, csa = v4.compress_rates[kind], kind == CSA
+    # Pending rows: HCA pools the current window; CSA also the previous window's Ca half (2 × ratio tokens).
+    keep = max(cfg.sliding_window, 2 * ratio if csa else ratio)
+    projections = 2 * 2 * head_dim + 2 * 2 * v4.index_head_dim if csa else 2 * head_dim  # value and gate
+    entry_width = head_dim + (v4.index_head_dim if csa else 0)
+    return KVCacheSpec(keep, width=head_dim + projections), KVCacheSpec(None, ratio=ratio, width=entry_width)
+
+
+def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
+    """Stores grouped by spec; a group holds as many stores as fit the widest row (at most all of its spec's)."""
+    specs = [store_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)]
+    caches: list[KVCacheSpec] = []
+    layer_caches = []
+    for window, entry in specs:
+        caches.append(window)
+        layer_caches.append((len(caches) - 1, None if entry is None else len(caches)))
+        if entry is not None:
+            caches.append(entry)
+    row = max(spec.width for spec in caches)
+    by_spec: dict[KVCacheSpec, list[int]] = {}
+    for cache, spec in enumerate(caches):
+        by_spec.setdefault(spec, []).append(cache)
+    groups = []
+    for spec, members in by_spec.items():
+        size = min(len(members), row // spec.width)
+        groups += [KVCacheGroup(spec, tuple(members[i : i + size])) for i in range(0, len(members), size)]
+    slots, owners = [0] * len(caches), [0] * len(caches)
+    for index, group in enumerate(groups):
+        for slot, cache in enumerate(group.layers):
+            slots[cache], owners[cache] = slot, index
+    return CompressedKVLayout(tuple(groups), max(len(g.layers) for g in groups), tuple(slots), tuple(owners),
+                              tuple(layer_caches), row)
+
+
+class CompressedKVCache:
+    """One tensor [blocks, block_size × row_elements]; each store is a strided view of its slot."""
+
+    def __init__(self, layout: CompressedKVLayout, num_blocks: int, block_size: int, dtype: torch.dtype, device):
+        self.pool = torch.zeros(num_blocks, block_size * layout.row_elements, dtype=dtype, device=device)
+        self.tensors = (self.pool,)
+        stores = []
+        for cache, slot in enumerate(layout.layer_slots):
+            group = layout.groups[layout.layer_groups[cache]]
+            width = group.spec.width
+            page = self.pool[:, : len(group.layers) * block_size * width]
+            stores.append(page.view(num_blocks, len(group.layers), block_size, width)[:, slot])
+        self.layers = [(stores[w], None if e is None else stores[e]) for w, e in layout.layer_caches]
+        entry_specs = [layout.groups[layout.layer_groups[e]].spec for _, e in layout.layer_caches if e is not None]
+        # What each further token adds: its share of an entry row in every compressed layer.
+        self.bytes_per_token = round(sum(s.width / s.ratio for s in entry_specs) * self.pool.element_size())
+
+    def copy_block(self, src: int, dst: int) -> None:
+        self.pool[dst] = self.pool[src]
+
+
+def check_supported(kv_cache_dtype: str, tensor_parallel_size: int) -> None:
+    if kv_cache_dtype != "auto":
+        raise UnsupportedModelError(f"kv_cache_dtype={kv_cache_dtype!r}: DeepSeek V4's compressed cache is stored in the model dtype")
+    if tensor_parallel_size != 1:
+        raise UnsupportedModelError("DeepSeek V4 does not run under tensor parallelism yet")

@@ -1,0 +1,172 @@
+"""DeepSeek V4 attention: a sliding window of one shared K=V head, plus compressed entries (CSA / HCA).
+
+Per layer: a low-rank query (q_a → RMSNorm → q_b → unweighted RMSNorm per head), one K=V vector per
+token (kv_proj → RMSNorm), RoPE on the last rope_head_dim channels (interleaved pairs; the compressed
+layers use the YaRN-scaled "compress" RoPE), one softmax over the window's keys, the compressed entries
+the query may see and a learned per-head sink, the RoPE undone on the output at the query's position
+(values carry it, K = V), and a grouped low-rank output projection.
+
+Cache (engine/compressed_kv_cache.py): each token's row in the layer's window store holds its K=V vector
+and, on compressed layers, its compressor projections, kept while a query or an open window still reads
+them; closed windows become rows of the entry store, one per `ratio` tokens (the CSA row also holds the
+indexer key). An entry is visible to a query once all its tokens are at or before the query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from llmpipe.config import ModelConfig
+from llmpipe.layers.attention import AttentionMetadata
+from llmpipe.layers.compressor import Compressor, Float32RMSNorm, Indexer
+from llmpipe.layers.linear import Linear
+from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
+
+WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+Ropes = tuple[InterleavedRotaryEmbedding, InterleavedRotaryEmbedding]  # (main, compress)
+LayerCache = tuple[torch.Tensor, torch.Tensor | None]  # window store, entry store: [blocks, block_size, width]
+LayerMeta = tuple[AttentionMetadata, AttentionMetadata | None]  # their groups' metadata
+
+
+@dataclass
+class Segment:
+    """One sequence's new tokens in this forward: batch rows [row, row + n), positions [start, start + n)."""
+
+    row: int
+    start: int
+    n: int
+    window_blocks: torch.Tensor  # window store blocks from the first one still held
+    window_base: int  # position of window_blocks[0]'s first row
+    entry_blocks: torch.Tensor | None
+
+
+class DeepseekV4Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        v4 = cfg.deepseek_v4
+        self.kind = v4.layer_types[layer]
+        self.heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
+        self.o_groups, self.eps = v4.o_groups, cfg.rms_norm_eps
+        hidden, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.q_a_proj = Linear(hidden, v4.q_lora_rank, bias=False)
+        self.q_a_norm = Float32RMSNorm(v4.q_lora_rank, eps)
+        self.q_b_proj = Linear(v4.q_lora_rank, self.heads * self.head_dim, bias=False)
+        self.kv_proj = Linear(hidden, self.head_dim, bias=False)
+        self.kv_norm = Float32RMSNorm(self.head_dim, eps)
+        self.o_a_proj = nn.Linear(self.heads * self.head_dim // v4.o_groups, v4.o_groups * v4.o_lora_rank, bias=False)
+        self.o_b_proj = Linear(v4.o_groups * v4.o_lora_rank, hidden, bias=False)
+        self.sinks = nn.Parameter(torch.empty(self.heads))
+        self.compressor: Compressor | None = None
+        if self.kind != WINDOW:
+            ratio = v4.compress_rates[self.kind]
+            self.compressor = Compressor(hidden, self.head_dim, ratio, overlap=self.kind == CSA, eps=eps)
+            if self.kind == CSA:
+                self.compressor.indexer = Indexer(
+                    hidden, v4.q_lora_rank, v4.index_n_heads, v4.index_head_dim, ratio, v4.index_topk, eps
+                )
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ropes: Ropes, cache: LayerCache, meta: LayerMeta) -> torch.Tensor:
+        rope = ropes[0] if self.compressor is None else ropes[1]
+        cos, sin = rope.tables(positions)
+        q_residual = self.q_a_norm(self.q_a_proj(x))
+        q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.head_dim)
+        q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps).to(q.dtype)
+        q = apply_interleaved_rotary(q, cos, sin)
+        kv = apply_interleaved_rotary(self.kv_norm(self.kv_proj(x)).unsqueeze(1), cos, sin).squeeze(1)
+        window_store, entry_store = cache
+        _write_rows(window_store, meta[0].slot_mapping, self._token_rows(x, kv))
+        out = torch.empty_like(q)
+        pos = positions.tolist()
+        for seg in segments(meta, pos):
+            rows = slice(seg.row, seg.row + seg.n)
+            window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
+            entries = self._entries(seg, window_rows, entry_store, ropes[1]) if self.compressor else None
+            out[rows] = self._attend(q[rows], seg, window_rows[:, : self.head_dim], entries,
+                                     x[rows], q_residual[rows], cos[rows], sin[rows])
+        out = apply_interleaved_rotary(out, cos, -sin)  # values carry RoPE (K = V): rotate it back out
+        grouped = out.view(x.shape[0], self.o_groups, -1).transpose(0, 1)
+        weight = self.o_a_proj.weight.view(self.o_groups, -1, grouped.shape[-1])
+        return self.o_b_proj(torch.bmm(grouped, weight.transpose(1, 2)).transpose(0, 1).flatten(1))
+
+    # ---- cache rows --------------------------------------------------------------------------
+
+    def _token_rows(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """Each new token's window row: K=V, then the compressor's and the indexer's projections."""
+        if self.compressor is None:
+            return kv
+        parts = [kv, self.compressor.project(x)]
+        if self.kind == CSA:
+            parts.append(self.compressor.indexer.project(x))
+        return torch.cat(parts, dim=-1)
+
+    def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> torch.Tensor:
+        """Pool the windows that close within the segment into entry rows, then read every entry the
+        segment's last token may see: [entries, entry width]."""
+        c = self.compressor
+        r, end = c.ratio, seg.start + seg.n
+        first, last = -(-(seg.start + 1) // r) - 1, end // r  # windows closing at positions start..end-1
+        if last > first:
+            previous = c.overlap and first > 0
+            lo = (first - previous) * r - seg.window_base
+            rows = window_rows[lo : last * r - seg.window_base, self.head_dim :].unflatten(0, (-1, r))
+            new = c.pool(rows[..., : c.row_width], first, previous, rope)
+            if self.kind == CSA:
+                new = torch.cat([new, c.indexer.pool(rows[..., c.row_width :], first, previous, rope)], dim=-1)
+            slots = torch.arange(first, last, device=new.device)
+            _write_rows(entry_store, seg.entry_blocks[slots // entry_store.shape[1]] * entry_store.shape[1]
+                        + slots % entry_store.shape[1], new)
+        return _read_rows(entry_store, seg.entry_blocks, last)
+
+    # ---- attention ---------------------------------------------------------------------------
+
+    def _attend(self, q, seg: Segment, window_kv, entries, x, q_residual, cos, sin) -> torch.Tensor:
+        """q: [n, heads, D] at positions start..start+n-1 against the window's keys (the tail of
+        window_kv) and the visible entries, with the sink, in one softmax."""
+        query_pos = torch.arange(seg.start, seg.start + seg.n, device=q.device)[:, None]
+        first_key = max(seg.window_base, seg.start - self.window + 1)
+        keys = window_kv[first_key - seg.window_base :]
+        key_pos = torch.arange(first_key, seg.start + seg.n, device=q.device)[None, :]
+        allowed = (key_pos <= query_pos) & (key_pos > query_pos - self.window)
+        if entries is not None and entries.shape[0]:
+            ratio = self.compressor.ratio
+            visible = torch.arange(entries.shape[0], device=q.device)[None, :] < (query_pos + 1) // ratio
+            if self.kind == CSA:
+                visible = self.compressor.indexer.select(x, q_residual, cos, sin, entries[:, self.head_dim :], visible)
+            keys = torch.cat([keys, entries[:, : self.head_dim]])
+            allowed = torch.cat([allowed, visible], dim=1)
+        scores = torch.einsum("nhd,kd->nhk", q, keys) * self.head_dim**-0.5
+        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+        sinks = self.sinks.to(scores.dtype).view(1, -1, 1).expand(seg.n, -1, 1)
+        logits = torch.cat([scores, sinks], dim=-1)
+        probs = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
+        return torch.einsum("nhk,kd->nhd", probs.to(keys.dtype), keys)
+
+
+def segments(meta: LayerMeta, positions: list[int]) -> list[Segment]:
+    """The batch's sequences as segments: decode rows first (one each), then prefill chunks."""
+    window, entry = meta
+    out = []
+    if window.num_decodes:
+        lens = window.decode_context_lens.tolist()
+        for i, length in enumerate(lens):
+            entry_blocks = None if entry is None else entry.decode_block_tables[i]
+            out.append(Segment(i, positions[i], 1, window.decode_block_tables[i], positions[i] + 1 - length, entry_blocks))
+    for k, chunk in enumerate(window.prefills):
+        n, start = chunk.token_end - chunk.token_start, positions[chunk.token_start]
+        entry_blocks = None if entry is None else entry.prefills[k].block_table
+        out.append(Segment(chunk.token_start, start, n, chunk.block_table, start + n - chunk.context_len, entry_blocks))
+    return out
+
+
+def _write_rows(store: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """store: [blocks, block_size, width] (a strided view of the pool); slots: flat block × block_size + row."""
+    size = store.shape[1]
+    store[slots // size, slots % size] = rows.to(store.dtype)
+
+
+def _read_rows(store: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
+    """The first `count` rows of these blocks, in order: [count, width]."""
+    return store.index_select(0, blocks).flatten(0, 1)[:count]
