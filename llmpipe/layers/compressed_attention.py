@@ -23,6 +23,7 @@ from llmpipe.config import ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.compressor import Compressor, Float32RMSNorm, Indexer
 from llmpipe.layers.linear import Linear
+from llmpipe.layers.norm import unweighted_rms_norm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
 
 WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -73,7 +74,7 @@ class DeepseekV4Attention(nn.Module):
         cos, sin = rope.tables(positions)
         q_residual = self.q_a_norm(self.q_a_proj(x))
         q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.head_dim)
-        q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps).to(q.dtype)
+        q = unweighted_rms_norm(q, self.eps)
         q = apply_interleaved_rotary(q, cos, sin)
         kv = apply_interleaved_rotary(self.kv_norm(self.kv_proj(x)).unsqueeze(1), cos, sin).squeeze(1)
         window_store, entry_store = cache

@@ -2,7 +2,8 @@
 
 A fake pool records which token each slot holds, written only when a position is "computed",
 so a prefix-cache hit that served the wrong blocks shows up as a sequence reading foreign tokens.
-The manager runs two KV cache groups, one full-attention and one sliding-window, as Gemma 3 does.
+The manager runs two KV cache groups, one full-attention and one sliding-window, as Gemma 3 does,
+or a sliding-window group and compressed groups (one row per `ratio` tokens), as DeepSeek V4 does.
 """
 
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ BLOCK = 4
 NUM_BLOCKS = 48
 WINDOW = 6
 SPECS = [KVCacheSpec(None), KVCacheSpec(WINDOW)]
+V4_SPECS = [KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=2), KVCacheSpec(None)]
 
 
 @dataclass(eq=False)
@@ -33,8 +35,8 @@ class FakeSeq:
         return self.tokens
 
 
-def no_hit() -> PrefixHit:
-    return PrefixHit(0, [BlockTable() for _ in SPECS])
+def no_hit(specs=SPECS) -> PrefixHit:
+    return PrefixHit(0, [BlockTable() for _ in specs])
 
 
 class World:
@@ -62,23 +64,30 @@ class World:
         return True
 
     def compute(self, seq: FakeSeq) -> None:
+        """Write each new token's row; a compressed group writes entry e (its tokens) once its last token is in."""
         for pos in range(seq.num_computed_tokens, len(seq.tokens)):
-            for table in seq.block_tables:
-                self.pool[(table.block_of(pos, BLOCK), pos % BLOCK)] = seq.tokens[pos]
+            for spec, table in zip(self.bm.specs, seq.block_tables):
+                if (pos + 1) % spec.ratio == 0:
+                    row = pos // spec.ratio
+                    self.pool[(table.block_of(row, BLOCK), row % BLOCK)] = self.row(seq, spec, row)
         seq.num_computed_tokens = len(seq.tokens)
         self.bm.register_full_blocks(seq, seq.num_computed_tokens)
 
+    @staticmethod
+    def row(seq: FakeSeq, spec: KVCacheSpec, row: int) -> tuple[int, ...]:
+        return tuple(seq.tokens[row * spec.ratio : (row + 1) * spec.ratio])
+
     def check(self) -> None:
-        refs = [0] * NUM_BLOCKS
+        refs = [0] * self.bm.num_blocks
         for seq in self.live:
-            for spec, table in zip(SPECS, seq.block_tables):
+            for spec, table in zip(self.bm.specs, seq.block_tables):
                 assert len(set(table.ids)) == len(table.ids)
                 for b in table.ids:
                     refs[b] += 1
-                # Every position the next query can read holds this sequence's token.
+                # Every row the next query can read holds this sequence's tokens.
                 first = spec.first_needed_block(seq.num_computed_tokens, BLOCK) * BLOCK
-                for pos in range(first, seq.num_computed_tokens):
-                    assert self.pool[(table.block_of(pos, BLOCK), pos % BLOCK)] == seq.tokens[pos]
+                for row in range(first, seq.num_computed_tokens // spec.ratio):
+                    assert self.pool[(table.block_of(row, BLOCK), row % BLOCK)] == self.row(seq, spec, row)
         assert refs == [b.ref_count for b in self.bm.blocks]
         assert set(self.bm.free) == {i for i, r in enumerate(refs) if r == 0}
         for group, cached in enumerate(self.bm.cached):
@@ -98,9 +107,9 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops)
-def test_block_manager_invariants_hold_under_random_operations(operations):
-    world = World()
+@given(ops, st.sampled_from([SPECS, V4_SPECS]))
+def test_block_manager_invariants_hold_under_random_operations(operations, specs):
+    world = World(specs)
     bm = world.bm
     for op in operations:
         if op[0] == "new":
@@ -195,3 +204,26 @@ def test_freed_blocks_are_evicted_least_recently_freed_first():
     world.admit(hit)
     assert hit.num_cached_tokens == 4 and hit.block_tables[0].ids[0] == b_full
     assert a_hash not in bm.cached[0]  # a's full block was evicted
+
+
+def test_compressed_group_blocks_span_ratio_blocks_and_prefix_hits_cover_whole_ones():
+    specs = [KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=4)]  # a compressed block: 4 rows of 4 tokens each
+    world = World(specs)
+    tokens = list(range(45))
+    donor = FakeSeq(list(tokens))
+    assert world.admit(donor)
+    window, entries = donor.block_tables
+    assert len(entries.ids) == 3  # ceil(45 / 16): allocated with the window's first token
+    world.check()
+    donor_entries = list(entries.ids)
+    world.bm.free_sequence(donor)
+    # 44 tokens are reusable block by block, but the entry block 2 (tokens 32..47) is only partly filled:
+    # the hit stops at 32, where every compressed block it brings is full.
+    again = FakeSeq(list(tokens))
+    assert world.admit(again)
+    assert again.num_cached_tokens == 32 and again.block_tables[1].ids[:2] == donor_entries[:2]
+    world.check()
+    short = FakeSeq(list(tokens[:20]) + [99])  # shares 20 tokens: one whole compressed block
+    assert world.admit(short)
+    assert short.num_cached_tokens == 16 and short.block_tables[1].ids[0] == donor_entries[0]
+    world.check()
