@@ -84,8 +84,8 @@ class DeepseekV4Attention(nn.Module):
         for seg in segments(meta, pos):
             rows = slice(seg.row, seg.row + seg.n)
             window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
-            entries = self._entries(seg, window_rows, entry_store, ropes[1]) if self.compressor else None
-            out[rows] = self._attend(q[rows], seg, window_rows[:, : self.head_dim], entries,
+            num_entries = self._entries(seg, window_rows, entry_store, ropes[1]) if self.compressor else 0
+            out[rows] = self._attend(q[rows], seg, window_rows[:, : self.head_dim], entry_store, num_entries,
                                      x[rows], q_residual[rows], cos[rows], sin[rows])
         out = apply_interleaved_rotary(out, cos, -sin)  # values carry RoPE (K = V): rotate it back out
         grouped = out.view(x.shape[0], self.o_groups, -1).transpose(0, 1)
@@ -103,9 +103,9 @@ class DeepseekV4Attention(nn.Module):
             parts.append(self.compressor.indexer.project(x))
         return torch.cat(parts, dim=-1)
 
-    def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> torch.Tensor:
-        """Pool the windows that close within the segment into entry rows, then read every entry the
-        segment's last token may see: [entries, entry width]."""
+    def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> int:
+        """Pool the windows that close within the segment into entry rows; returns how many entries
+        the segment's last token may see."""
         c = self.compressor
         r, end = c.ratio, seg.start + seg.n
         first, last = -(-(seg.start + 1) // r) - 1, end // r  # windows closing at positions start..end-1
@@ -116,34 +116,42 @@ class DeepseekV4Attention(nn.Module):
             new = c.pool(rows[..., : c.row_width], first, previous, rope)
             if self.kind == CSA:
                 new = torch.cat([new, c.indexer.pool(rows[..., c.row_width :], first, previous, rope)], dim=-1)
-            slots = torch.arange(first, last, device=new.device)
-            _write_rows(entry_store, seg.entry_blocks[slots // entry_store.shape[1]] * entry_store.shape[1]
-                        + slots % entry_store.shape[1], new)
-        return _read_rows(entry_store, seg.entry_blocks, last)
+            _write_rows(entry_store, _slots(seg.entry_blocks, torch.arange(first, last), entry_store.shape[1]), new)
+        return last
 
     # ---- attention ---------------------------------------------------------------------------
 
-    def _attend(self, q, seg: Segment, window_kv, entries, x, q_residual, cos, sin) -> torch.Tensor:
+    def _attend(self, q, seg: Segment, window_kv, entry_store, num_entries, x, q_residual, cos, sin) -> torch.Tensor:
         """q: [n, heads, D] at positions start..start+n-1 against the window's keys (the tail of
-        window_kv) and the visible entries, with the sink, in one softmax."""
+        window_kv) and the entries it may see (CSA: the indexer's top-k of them), with the sink,
+        in one softmax."""
         query_pos = torch.arange(seg.start, seg.start + seg.n, device=q.device)[:, None]
         first_key = max(seg.window_base, seg.start - self.window + 1)
         keys = window_kv[first_key - seg.window_base :]
         key_pos = torch.arange(first_key, seg.start + seg.n, device=q.device)[None, :]
         allowed = (key_pos <= query_pos) & (key_pos > query_pos - self.window)
-        if entries is not None and entries.shape[0]:
-            ratio = self.compressor.ratio
-            visible = torch.arange(entries.shape[0], device=q.device)[None, :] < (query_pos + 1) // ratio
-            if self.kind == CSA:
-                visible = self.compressor.indexer.select(x, q_residual, cos, sin, entries[:, self.head_dim :], visible)
-            keys = torch.cat([keys, entries[:, : self.head_dim]])
-            allowed = torch.cat([allowed, visible], dim=1)
-        scores = torch.einsum("nhd,kd->nhk", q, keys) * self.head_dim**-0.5
-        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
-        sinks = self.sinks.to(scores.dtype).view(1, -1, 1).expand(seg.n, -1, 1)
-        logits = torch.cat([scores, sinks], dim=-1)
-        probs = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1)[..., :-1]
-        return torch.einsum("nhk,kd->nhd", probs.to(keys.dtype), keys)
+        scale = self.head_dim**-0.5
+        scores = [(torch.einsum("nhd,kd->nhk", q, keys) * scale).masked_fill(~allowed[:, None, :], float("-inf"))]
+        picked = None
+        if num_entries:
+            visible = torch.arange(num_entries, device=q.device)[None, :] < (query_pos + 1) // self.compressor.ratio
+            if self.kind == CSA:  # sparse: each query reads only the entries its indexer picked
+                index_keys = _read_rows(entry_store[..., self.head_dim :], seg.entry_blocks, num_entries)
+                chosen, valid = self.compressor.indexer.select(x, q_residual, cos, sin, index_keys, visible)
+                picked = _gather_rows(entry_store[..., : self.head_dim], seg.entry_blocks, chosen)  # [n, k, D]
+                entry_scores = torch.einsum("nhd,nkd->nhk", q, picked) * scale
+            else:
+                picked = _read_rows(entry_store, seg.entry_blocks, num_entries)
+                entry_scores, valid = torch.einsum("nhd,kd->nhk", q, picked) * scale, visible
+            scores.append(entry_scores.masked_fill(~valid[:, None, :], float("-inf")))
+        sinks = self.sinks.to(q.dtype).view(1, -1, 1).expand(seg.n, -1, 1)
+        logits = torch.cat([*scores, sinks], dim=-1)
+        probs = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1).to(keys.dtype)
+        out = torch.einsum("nhk,kd->nhd", probs[..., : keys.shape[0]], keys)
+        if picked is not None:
+            entry_probs = probs[..., keys.shape[0] : -1]
+            out += torch.einsum("nhk,nkd->nhd", entry_probs, picked) if picked.dim() == 3 else entry_probs @ picked
+        return out
 
 
 def segments(meta: LayerMeta, positions: list[int]) -> list[Segment]:
@@ -171,3 +179,14 @@ def _write_rows(store: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) ->
 def _read_rows(store: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
     """The first `count` rows of these blocks, in order: [count, width]."""
     return store.index_select(0, blocks).flatten(0, 1)[:count]
+
+
+def _slots(blocks: torch.Tensor, rows: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat slots (block × block_size + offset) of a sequence's rows, given its block table."""
+    return blocks[rows // block_size] * block_size + rows % block_size
+
+
+def _gather_rows(store: torch.Tensor, blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Rows at these indices (any shape) of a sequence's blocks: [*rows.shape, width]."""
+    size = store.shape[1]
+    return store[blocks[rows // size], rows % size]

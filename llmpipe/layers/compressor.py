@@ -99,14 +99,14 @@ class Indexer(Compressor):
     def select(
         self, x: torch.Tensor, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         keys: torch.Tensor, visible: torch.Tensor,
-    ) -> torch.Tensor:
-        """Which entries each query attends to: [queries, entries] bool, the top-k by index score
-        among the entries `visible` to it (all of them when fewer)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The entries each query attends to: the top-k by index score among those `visible` to it
+        ([queries, entries] bool). Returns their indices [queries, k] and which of them are visible
+        (a query that sees fewer than k entries gets some it may not use)."""
         q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.dim)
         q = apply_interleaved_rotary(q, cos, sin).float()
         scores = torch.relu(q @ keys.float().T) * self.dim**-0.5  # [queries, heads, entries]
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         scores = (scores * weights.unsqueeze(-1)).sum(dim=1).masked_fill(~visible, float("-inf"))
         top = scores.topk(min(self.top_k, keys.shape[0]), dim=-1).indices
-        chosen = torch.zeros_like(visible).scatter_(1, top, True)
-        return chosen & visible
+        return top, visible.gather(1, top)
