@@ -91,3 +91,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first sample), as vLLM reports

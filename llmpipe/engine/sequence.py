@@ -102,4 +102,5 @@ class Request:
             outputs=[seq.to_output() for seq in self.sequences],
             finished=self.finished,
             metrics=self.metrics,
+            num_cached_tokens=self.sequences[0].num_cached_tokens,
         )
