@@ -6,6 +6,7 @@ Tiny checkpoints are built once per test session (config → model → save_pret
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,69 @@ def tiny_checkpoint(tmp_path_factory):
         if name not in cache:
             cache[name] = build_tiny_checkpoint(name, tmp_path_factory.mktemp(f"tiny_{name}"))
         return cache[name]
+
+    return make
+
+
+# DeepSeek V4 at its smallest, every kind of part in it: a window-only layer, two CSA layers (ratio 4) and
+# an HCA one (ratio 16), all with an 8-token window; an indexer keeping 4 entries (16 index heads: an exact
+# tie between ReLU scores all but impossible); a hash-routed MoE layer, then three top-k ones (4 experts,
+# 2 per token); 3 hyper-connection streams (with 2, every doubly stochastic mix is symmetric); RoPE on the
+# last 8 of 32 channels per head, YaRN (factor 4) on the compressed layers; a SwiGLU clamp (1.0) low
+# enough to cut in.
+TINY_DEEPSEEK_V4 = dict(
+    vocab_size=TINY_COMMON["vocab_size"], hidden_size=64, moe_intermediate_size=48, num_hidden_layers=4,
+    num_attention_heads=4, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2, o_lora_rank=16,
+    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                 "compressed_sparse_attention"],
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+    sliding_window=8, index_n_heads=16, index_head_dim=16, index_topk=4,
+    mlp_layer_types=["hash_moe", "moe", "moe", "moe"], n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
+    hc_mult=3, max_position_embeddings=512,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+    bos_token_id=TINY_COMMON["bos_token_id"], eos_token_id=TINY_COMMON["eos_token_id"],
+)
+
+
+def tiny_deepseek_v4_model(seed: int = 0, **overrides):
+    """transformers' DeepseekV4ForCausalLM (float32) of TINY_DEEPSEEK_V4 + overrides, every weight random and
+    mattering: matrices widened, norms near 1, random sinks, position biases, hyper-connection biases and
+    scales and router correction biases (all zero at init), and a tid2eid of distinct random experts per token."""
+    import transformers
+
+    config = transformers.DeepseekV4Config(**{**TINY_DEEPSEEK_V4, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, 0.1)
+            elif param.dim() > 1 and not name.endswith("position_bias"):
+                param.normal_(0.0, 0.08)
+            else:
+                param.normal_(0.0, 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.normal_(0.0, 0.3)
+            elif name.endswith("tid2eid"):
+                buffer.copy_(torch.rand(buffer.shape[0], config.n_routed_experts).argsort(-1)[:, : buffer.shape[1]])
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v4(tmp_path_factory):
+    """Factory: tiny_deepseek_v4(**overrides) → a directory holding tiny_deepseek_v4_model(seed 0, **overrides)
+    as save_pretrained writes it (DeepSeek's tensor names) and the tiny tokenizer; cached per overrides."""
+    cache: dict[str, Path] = {}
+
+    def make(**overrides) -> Path:
+        key = json.dumps(overrides, sort_keys=True)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("tiny_deepseek_v4")
+            tiny_deepseek_v4_model(**overrides).save_pretrained(out)
+            save_tiny_tokenizer(out, TINY_DEEPSEEK_V4["vocab_size"])
+            cache[key] = out
+        return cache[key]
 
     return make
 

@@ -21,9 +21,9 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
-from llmpipe.layers.compressor import Compressor, Float32RMSNorm, Indexer
+from llmpipe.layers.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear
-from llmpipe.layers.norm import unweighted_rms_norm
+from llmpipe.layers.norm import Float32RMSNorm, unweighted_rms_norm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
 
 WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"

@@ -17,20 +17,8 @@ import torch
 from torch import nn
 
 from llmpipe.layers.linear import Linear
+from llmpipe.layers.norm import Float32RMSNorm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
-
-
-class Float32RMSNorm(nn.Module):
-    """RMSNorm whose float32 weight multiplies the float32 norm before the one cast (V4's norms)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float()
-        return (self.weight.float() * wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class Compressor(nn.Module):

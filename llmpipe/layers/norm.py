@@ -1,6 +1,7 @@
 """RMSNorm, computed in float32 like the reference implementations."""
 
 import torch
+from torch import nn
 
 
 class RMSNorm(torch.nn.Module):
@@ -23,3 +24,21 @@ class RMSNorm(torch.nn.Module):
         if self.unit_offset:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * normed.to(x.dtype)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) without a weight, the rms in float32 cast to x's dtype first (DeepSeek V4's q heads and mHC)."""
+    return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
+class Float32RMSNorm(nn.Module):
+    """RMSNorm whose float32 weight multiplies the float32 norm before the one cast (V4's norms)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.float()
+        return (self.weight.float() * wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import LLAMA_FAMILY, ModelConfig
+from llmpipe.config import DEEPSEEK_V4_FAMILY, LLAMA_FAMILY, ModelConfig
+from llmpipe.loader.deepseek_v4_config import deepseek_v4_config
 from llmpipe.loader.gemma3_defaults import GEMMA3_DEFAULTS, gemma3_layer_types
 
-SUPPORTED_MODEL_TYPES = (*LLAMA_FAMILY, "gemma3_text")
+SUPPORTED_MODEL_TYPES = (*LLAMA_FAMILY, "gemma3_text", *DEEPSEEK_V4_FAMILY)
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.files import read_json
 
@@ -28,6 +29,9 @@ def hf_model_config(directory: Path) -> ModelConfig:
         return cfg[key]
 
     model_type = cfg["model_type"]
+    extra: dict[str, Any] = {}
+    if model_type in DEEPSEEK_V4_FAMILY:  # its own names and defaults, rewritten to the ones read below
+        cfg, extra["deepseek_v4"] = deepseek_v4_config(cfg, config_path)
     heads = int(need("num_attention_heads"))
     rope_theta, rope_scaling = _rope(cfg)
     gemma3 = _gemma3_fields(cfg, config_path) if model_type == "gemma3_text" else {}
@@ -54,6 +58,7 @@ def hf_model_config(directory: Path) -> ModelConfig:
         bos_token_id=_first(cfg.get("bos_token_id"), generation.get("bos_token_id")),
         eos_token_ids=_token_ids(cfg.get("eos_token_id"), generation.get("eos_token_id")),
         **gemma3,
+        **extra,
     )
 
 

@@ -15,6 +15,8 @@ from llmpipe.files import read_json
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 FLOAT_DTYPES = ("F32", "F16", "BF16")
+INTEGER_TABLES = (".tid2eid",)  # DeepSeek V4's token id → expert ids table
+INTEGER_DTYPES = ("I64", "I32")
 
 
 def safetensors_files(directory: Path) -> list[Path]:
@@ -63,7 +65,7 @@ class SafetensorsWeights:
     def check_readable(self, names: Iterable[str]) -> None:
         for name in names:
             dtype = self._handles[name].get_slice(name).get_dtype()
-            if dtype not in FLOAT_DTYPES:
+            if dtype not in FLOAT_DTYPES and not (name.endswith(INTEGER_TABLES) and dtype in INTEGER_DTYPES):
                 raise UnsupportedModelError(
                     f"{self._files[name]}: tensor {name} has dtype {dtype}, "
                     f"expected one of {', '.join(FLOAT_DTYPES)}"

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 from torch import nn
 
-from llmpipe.config import GEMMA3_FAMILY, LLAMA_FAMILY, EngineConfig, ModelConfig
+from llmpipe.config import DEEPSEEK_V4_FAMILY, GEMMA3_FAMILY, LLAMA_FAMILY, EngineConfig, ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.layers.rotary import RotaryEmbedding
+from llmpipe.models.deepseek_v4 import DeepseekV4ForCausalLM
 from llmpipe.models.gemma3 import Gemma3ForCausalLM
 from llmpipe.models.llama import LlamaForCausalLM
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_linears
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     **{arch: LlamaForCausalLM for arch in LLAMA_FAMILY},
     **{arch: Gemma3ForCausalLM for arch in GEMMA3_FAMILY},
+    **{arch: DeepseekV4ForCausalLM for arch in DEEPSEEK_V4_FAMILY},
 }
 
 

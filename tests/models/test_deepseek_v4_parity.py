@@ -69,6 +69,14 @@ def test_decode_logits_and_greedy_tokens_across_compression_boundaries_match_tra
     assert_no_leak(llm)
 
 
+def test_every_decode_step_equals_a_full_recompute(llm):
+    vocab = llm.engine.config.model_config.vocab_size
+    out = llm.generate([{"prompt_token_ids": PROMPT}], greedy(logprobs=vocab))[0].outputs[0]
+    for step, entry in enumerate(out.logprobs):
+        recomputed = llm.engine.score(PROMPT + out.token_ids[:step])[-1].log_softmax(-1)
+        torch.testing.assert_close(torch.tensor([entry[t].logprob for t in range(vocab)]), recomputed, atol=1e-5, rtol=0)
+
+
 def test_chunked_prefill_and_batching_match_transformers(path, reference):
     prompts = [prompt(n, seed) for seed, n in enumerate([200, 37, 131, 90])]
     llm = LLM(str(path), max_num_batched_tokens=24, progress=False)  # chunks of ≤ 24 tokens, cut off-boundary
