@@ -14,7 +14,7 @@ indexer key). An entry is visible to a query once all its tokens are at or befor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -30,6 +30,7 @@ WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_
 Ropes = tuple[InterleavedRotaryEmbedding, InterleavedRotaryEmbedding]  # (main, compress)
 LayerCache = tuple[torch.Tensor, torch.Tensor | None]  # window store, entry store: [blocks, block_size, width]
 LayerMeta = tuple[AttentionMetadata, AttentionMetadata | None]  # their groups' metadata
+QUERY_BLOCK = 256  # queries attended together within a prefill chunk
 
 
 @dataclass
@@ -42,6 +43,11 @@ class Segment:
     window_blocks: torch.Tensor  # window store blocks from the first one still held
     window_base: int  # position of window_blocks[0]'s first row
     entry_blocks: torch.Tensor | None
+
+    def split(self, size: int) -> list["Segment"]:
+        """Runs of at most `size` queries (a long prefill chunk attends run by run: each run's keys are
+        only its own window, so the work grows linearly with the chunk, not quadratically)."""
+        return [replace(self, row=self.row + i, start=self.start + i, n=min(size, self.n - i)) for i in range(0, self.n, size)]
 
 
 class DeepseekV4Attention(nn.Module):
@@ -82,11 +88,14 @@ class DeepseekV4Attention(nn.Module):
         out = torch.empty_like(q)
         pos = positions.tolist()
         for seg in segments(meta, pos):
-            rows = slice(seg.row, seg.row + seg.n)
             window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
-            num_entries = self._entries(seg, window_rows, entry_store, ropes[1]) if self.compressor else 0
-            out[rows] = self._attend(q[rows], seg, window_rows[:, : self.head_dim], entry_store, num_entries,
-                                     x[rows], q_residual[rows], cos[rows], sin[rows])
+            if self.compressor is not None:
+                self._entries(seg, window_rows, entry_store, ropes[1])
+            for part in seg.split(QUERY_BLOCK):
+                rows = slice(part.row, part.row + part.n)
+                num_entries = (part.start + part.n) // self.compressor.ratio if self.compressor else 0
+                out[rows] = self._attend(q[rows], part, window_rows[:, : self.head_dim], entry_store, num_entries,
+                                         x[rows], q_residual[rows], cos[rows], sin[rows])
         out = apply_interleaved_rotary(out, cos, -sin)  # values carry RoPE (K = V): rotate it back out
         grouped = out.view(x.shape[0], self.o_groups, -1).transpose(0, 1)
         weight = self.o_a_proj.weight.view(self.o_groups, -1, grouped.shape[-1])
@@ -103,9 +112,8 @@ class DeepseekV4Attention(nn.Module):
             parts.append(self.compressor.indexer.project(x))
         return torch.cat(parts, dim=-1)
 
-    def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> int:
-        """Pool the windows that close within the segment into entry rows; returns how many entries
-        the segment's last token may see."""
+    def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> None:
+        """Pool the windows that close within the segment into entry rows."""
         c = self.compressor
         r, end = c.ratio, seg.start + seg.n
         first, last = -(-(seg.start + 1) // r) - 1, end // r  # windows closing at positions start..end-1
@@ -117,17 +125,16 @@ class DeepseekV4Attention(nn.Module):
             if self.kind == CSA:
                 new = torch.cat([new, c.indexer.pool(rows[..., c.row_width :], first, previous, rope)], dim=-1)
             _write_rows(entry_store, _slots(seg.entry_blocks, torch.arange(first, last), entry_store.shape[1]), new)
-        return last
 
     # ---- attention ---------------------------------------------------------------------------
 
     def _attend(self, q, seg: Segment, window_kv, entry_store, num_entries, x, q_residual, cos, sin) -> torch.Tensor:
-        """q: [n, heads, D] at positions start..start+n-1 against the window's keys (the tail of
+        """q: [n, heads, D] at positions start..start+n-1 against the window's keys (rows of
         window_kv) and the entries it may see (CSA: the indexer's top-k of them), with the sink,
         in one softmax."""
         query_pos = torch.arange(seg.start, seg.start + seg.n, device=q.device)[:, None]
         first_key = max(seg.window_base, seg.start - self.window + 1)
-        keys = window_kv[first_key - seg.window_base :]
+        keys = window_kv[first_key - seg.window_base : seg.start + seg.n - seg.window_base]
         key_pos = torch.arange(first_key, seg.start + seg.n, device=q.device)[None, :]
         allowed = (key_pos <= query_pos) & (key_pos > query_pos - self.window)
         scale = self.head_dim**-0.5

@@ -20,6 +20,7 @@ from llmpipe.config import EngineConfig  # noqa: E402
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit  # noqa: E402
 from llmpipe.engine.kv_cache import plan_kv_pool  # noqa: E402
 from llmpipe.engine.model_runner import ModelRunner  # noqa: E402
+from llmpipe.layers import compressed_attention  # noqa: E402
 from llmpipe.layers.compressed_attention import DeepseekV4Attention  # noqa: E402
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding  # noqa: E402
 from llmpipe.loader.hf_config import hf_model_config  # noqa: E402
@@ -98,8 +99,10 @@ def new_sequence(blocks: BlockManager, ids: torch.Tensor):
     return seq
 
 
+@pytest.mark.parametrize("query_block", [256, 24])  # one run of queries, or runs of 24 cut off-boundary
 @torch.inference_mode()
-def test_prefill_matches_transformers(pair):
+def test_prefill_matches_transformers(pair, query_block, monkeypatch):
+    monkeypatch.setattr(compressed_attention, "QUERY_BLOCK", query_block)
     cfg, ref, ours = pair
     ids = torch.randint(0, VOCAB, (200,))  # 50 CSA entries (the indexer keeps 4), 12 HCA entries
     want = reference(cfg, ref, ours.table[ids][None])
