@@ -86,6 +86,13 @@ def test_chunked_prefill_and_batching_match_transformers(path, reference):
     assert_no_leak(llm)
 
 
+def test_n_samples_share_the_prompt_blocks_and_copy_the_partial_ones(llm, reference):
+    out = llm.generate([{"prompt_token_ids": PROMPT[:150]}], greedy(12, n=3))[0]
+    expected = reference_greedy(reference, PROMPT[:150], 12)[0]
+    assert [sample.token_ids for sample in out.outputs] == [expected] * 3
+    assert_no_leak(llm)
+
+
 def test_prefix_cache_hit_covers_whole_compressed_blocks_and_changes_nothing(path, reference):
     llm = LLM(str(path), progress=False)
     shared = prompt(300, 5)
