@@ -125,21 +125,21 @@ class BlockManager:
         tables = []
         for group, spec in enumerate(self.specs):
             first = spec.first_needed_block(k * self.block_size, self.block_size)
-            ids = [self._lookup(group, (j + 1) * spec.ratio - 1, hashes, seq) for j in range(first, k // spec.ratio)]
+            ids = [self._lookup(group, (j + 1) * spec.span - 1, hashes, seq) for j in range(first, k // spec.span)]
             tables.append(BlockTable(first, ids))
         return PrefixHit(k * self.block_size, tables)
 
     def _round_hit(self, k: int) -> int:
         """A prefix of k token blocks cut to whole blocks of every compressed group (a partly filled
         block of entries would be written by the new sequence while others read it)."""
-        return k - k % math.lcm(*(spec.ratio for spec in self.specs))
+        return k - k % math.lcm(*(spec.span for spec in self.specs))
 
     def _highest_miss(self, seq: PagedSequence, hashes: list[int], k: int) -> int | None:
         """The longest prefix (token blocks) short of k that the highest missing block allows, if one is missing.
-        A group's block j holds token blocks j·ratio … (j+1)·ratio − 1 and is cached under the last one's hash."""
+        A group's block j holds token blocks j·span … (j+1)·span − 1 and is cached under the last one's hash."""
         misses = []
         for group, spec in enumerate(self.specs):
-            first, r = spec.first_needed_block(k * self.block_size, self.block_size), spec.ratio
+            first, r = spec.first_needed_block(k * self.block_size, self.block_size), spec.span
             missing = (j for j in range(k // r - 1, first - 1, -1) if self._lookup(group, (j + 1) * r - 1, hashes, seq) is None)
             misses.append(next((j * r for j in missing), None))
         return max((m for m in misses if m is not None), default=None)
@@ -217,9 +217,9 @@ class BlockManager:
         for index in range(seq.num_hashed_blocks, full):
             chunk = tuple(tokens[index * size : (index + 1) * size])
             for group, (spec, table) in enumerate(zip(self.specs, seq.block_tables)):
-                if (index + 1) % spec.ratio:
+                if (index + 1) % spec.span:
                     continue  # a compressed group's block fills with its last token block
-                j = (index + 1) // spec.ratio - 1
+                j = (index + 1) // spec.span - 1
                 if table.offset <= j < len(table):
                     block = self.blocks[table.ids[j - table.offset]]
                     if block.hash is None:

@@ -10,12 +10,15 @@ group of ratio r, whose block spans block_size × r tokens and is never freed wh
 
 Stores of the same shape form groups as for other models (engine/kv_cache_spec.py), and groups
 share one pool of equal-sized pages (vLLM v1's hybrid allocator): a group of narrow rows packs more
-layers into a page than one of wide rows.
+layers into a page than one of wide rows, and where its layers are too few to fill the page side by
+side, an entry group takes block_rows × block_size rows per layer instead (its block then spans
+block_size × block_rows × ratio tokens).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -54,29 +57,54 @@ def store_specs(cfg: ModelConfig, layer: int) -> tuple[KVCacheSpec, KVCacheSpec 
 
 
 def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
-    """Stores grouped by spec; a group holds as many stores as fit the widest row (at most all of its spec's)."""
-    specs = [store_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)]
+    """Stores grouped by spec into pages of one width: of the widths that fit the widest row and pack
+    some entry store exactly, the one whose entry pages grow least per token (they are what grows)."""
     caches: list[KVCacheSpec] = []
     layer_caches = []
-    for window, entry in specs:
+    for window, entry in (store_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)):
         caches.append(window)
         layer_caches.append((len(caches) - 1, None if entry is None else len(caches)))
         if entry is not None:
             caches.append(entry)
-    row = max(spec.width for spec in caches)
-    by_spec: dict[KVCacheSpec, list[int]] = {}
-    for cache, spec in enumerate(caches):
-        by_spec.setdefault(spec, []).append(cache)
-    groups = []
-    for spec, members in by_spec.items():
-        size = min(len(members), row // spec.width)
-        groups += [KVCacheGroup(spec, tuple(members[i : i + size])) for i in range(0, len(members), size)]
+    widest = max(spec.width for spec in caches)
+    rows = {widest} | {-(-widest // s.width) * s.width for s in caches if s.window is None}
+    row, groups = min(((r, _groups(caches, r)) for r in rows), key=lambda rg: (_growth(*rg), rg[0]))
     slots, owners = [0] * len(caches), [0] * len(caches)
     for index, group in enumerate(groups):
         for slot, cache in enumerate(group.layers):
             slots[cache], owners[cache] = slot, index
     return CompressedKVLayout(tuple(groups), max(len(g.layers) for g in groups), tuple(slots), tuple(owners),
                               tuple(layer_caches), row)
+
+
+def _groups(caches: list[KVCacheSpec], row: int) -> list[KVCacheGroup]:
+    """Stores of one spec side by side, as many as fit a page row; entry stores too few to fill it take
+    more rows each."""
+    by_spec: dict[KVCacheSpec, list[int]] = {}
+    for cache, spec in enumerate(caches):
+        by_spec.setdefault(spec, []).append(cache)
+    largest_ratio = math.lcm(*(spec.ratio for spec in caches))
+    groups = []
+    for spec, members in by_spec.items():
+        size = min(len(members), row // spec.width)
+        for i in range(0, len(members), size):
+            layers = tuple(members[i : i + size])
+            if spec.window is None:
+                fit = row // (len(layers) * spec.width)
+                spec = replace(spec, block_rows=_block_rows(fit, spec.ratio, largest_ratio))
+            groups.append(KVCacheGroup(spec, layers))
+    return groups
+
+
+def _growth(row: int, groups: list[KVCacheGroup]) -> float:
+    """Page elements per token of the entry groups."""
+    return sum(row / g.spec.span for g in groups if g.spec.window is None)
+
+
+def _block_rows(fit: int, ratio: int, largest_ratio: int) -> int:
+    """The most rows (≤ fit) whose block still spans a divisor of the largest ratio's block: a prefix-cache
+    hit covers whole blocks of every group, so a longer span would coarsen every hit."""
+    return max(m for m in range(1, fit + 1) if largest_ratio % (ratio * m) == 0)
 
 
 class CompressedKVCache:
@@ -88,13 +116,15 @@ class CompressedKVCache:
         stores = []
         for cache, slot in enumerate(layout.layer_slots):
             group = layout.groups[layout.layer_groups[cache]]
-            width = group.spec.width
-            page = self.pool[:, : len(group.layers) * block_size * width]
-            stores.append(page.view(num_blocks, len(group.layers), block_size, width)[:, slot])
+            rows, width = block_size * group.spec.block_rows, group.spec.width
+            page = self.pool[:, : len(group.layers) * rows * width]
+            stores.append(page.view(num_blocks, len(group.layers), rows, width)[:, slot])
         self.layers = [(stores[w], None if e is None else stores[e]) for w, e in layout.layer_caches]
-        entry_specs = [layout.groups[layout.layer_groups[e]].spec for _, e in layout.layer_caches if e is not None]
-        # What each further token adds: its share of an entry row in every compressed layer.
-        self.bytes_per_token = round(sum(s.width / s.ratio for s in entry_specs) * self.pool.element_size())
+        # What each further token adds: the pages of the entry stores (window stores stop growing).
+        page_bytes = self.pool[0].nbytes
+        self.bytes_per_token = round(sum(
+            page_bytes / g.spec.tokens_per_block(block_size) for g in layout.groups if g.spec.window is None
+        ))
 
     def copy_block(self, src: int, dst: int) -> None:
         self.pool[dst] = self.pool[src]

@@ -23,14 +23,20 @@ class KVCacheSpec:
     # Tokens per cache row: 1 for K/V, r for compressed entries (a block then spans block_size × r tokens).
     ratio: int = 1
     width: int = 0  # elements of one layer's row where rows are not K and V of the model's heads (DeepSeek V4)
+    block_rows: int = 1  # a block holds block_size × block_rows rows per layer (narrow rows fill a wide page)
 
     @property
     def name(self) -> str:
         kind = "full" if self.window is None else f"sliding_window({self.window})"
         return kind if self.ratio == 1 else f"compressed({self.ratio})"
 
+    @property
+    def span(self) -> int:
+        """Token blocks (of block_size tokens) one block of this spec covers."""
+        return self.ratio * self.block_rows
+
     def tokens_per_block(self, block_size: int) -> int:
-        return block_size * self.ratio
+        return block_size * self.span
 
     def first_needed_block(self, position: int, block_size: int) -> int:
         """Lowest block a query at `position`, or at any later position, still reads."""
