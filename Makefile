@@ -14,7 +14,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-throughput bench-serve bench-spec install clean
+.PHONY: demo test bench bench-throughput bench-serve bench-spec bench-compressed install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -50,6 +50,11 @@ bench: $(TESTENV)
 # Batch-1 decode with n-gram and INT4-draft speculation vs without, on input-grounded and open-ended prompts.
 bench-spec: $(TESTENV)
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --speculative-method ngram draft --speculative-quantization auto --spec-output-len 96
+
+# A random-weight DeepSeek V4-style model (CSA/HCA compressed attention) vs a dense GQA Llama of about the
+# same size, one sequence at 4K, 16K and 32K context: KV bytes per sequence and decode ITL (transformers builds them).
+bench-compressed: $(TESTENV)
+	$(VENV)/bin/llmpipe bench compressed --contexts 4096 16384 32768
 
 bench-throughput: $(TESTENV)
 	$(VENV)/bin/llmpipe bench throughput --model smollm2-135m-instruct --num-prompts 64 --input-len 128 --output-len 128 --prefix-len 1024

@@ -82,6 +82,21 @@ def add_bench_parser(sub) -> None:
     window.add_argument("--output", default="bench_results/window.json")
     window.set_defaults(func=_run_window)
 
+    compressed = kinds.add_parser(
+        "compressed", help="KV bytes and decode ITL of a V4-style compressed-attention model vs a dense GQA one "
+                           "(random weights, built with transformers: a test dependency)")
+    compressed.add_argument("--contexts", type=int, nargs="+", default=[4096, 16384, 32768])
+    compressed.add_argument("--decode-tokens", type=int, default=16)
+    compressed.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    compressed.add_argument("--hidden-size", type=int, default=512)
+    compressed.add_argument("--num-layers", type=int, default=6, help="window, HCA, then CSA / HCA alternating")
+    compressed.add_argument("--kv-cache-memory", default=None, help="default: what the dense model's longest sequence needs")
+    compressed.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    compressed.add_argument("--checkpoint-dir", default=None, help="keep the two checkpoints here (default: a temporary folder)")
+    compressed.add_argument("--output", default="bench_results/compressed.json")
+    compressed.add_argument("--plot", metavar="FILE.png", default="bench_results/compressed.png")
+    compressed.set_defaults(func=_run_compressed)
+
 
 def _run_latency(args) -> None:
     if args.speculative_method:
@@ -109,3 +124,9 @@ def _run_window(args) -> None:
     from llmpipe.bench import window
 
     window.main(args)
+
+
+def _run_compressed(args) -> None:
+    from llmpipe.bench import compressed
+
+    compressed.main(args)

@@ -49,15 +49,21 @@ def draw_distribution(ax: Axes, samples: dict[str, list[float]], xlabel: str, ti
     ax.legend(fontsize="small")
 
 
-def draw_throughput(ax: Axes, series: dict[str, tuple[list[float], list[float]]],
-                    xlabel: str = "batch size (concurrent sequences)") -> None:
+def draw_lines(ax: Axes, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
+               title: str, styles: dict[str, str] | None = None) -> None:
+    """One line per label over a log2 x axis (`styles`: a matplotlib format string per label)."""
     for label, (x, y) in series.items():
-        ax.plot(x, y, marker="o", label=label)
+        ax.plot(x, y, (styles or {}).get(label, "o-"), label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("throughput vs batch size")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend(fontsize="small")
+
+
+def draw_throughput(ax: Axes, series: dict[str, tuple[list[float], list[float]]],
+                    xlabel: str = "batch size (concurrent sequences)") -> None:
+    draw_lines(ax, series, xlabel, "output tokens/s", "throughput vs batch size")
 
 
 def draw_time_split(ax: Axes, seconds: dict[str, float]) -> None:

@@ -6,29 +6,10 @@ holds, and the decode inter-token latency, with the window/full ratios."""
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 
-from llmpipe.bench.report import format_table, random_prompt, write_json
-from llmpipe.engine.engine import LLMEngine
+from llmpipe.bench.one_sequence import measure
+from llmpipe.bench.report import format_table, write_json
 from llmpipe.llm import LLM
-from llmpipe.sampling_params import SamplingParams
-
-
-def measure(engine: LLMEngine, context: int, decode_tokens: int) -> dict:
-    """Prefill `context` random tokens, decode; KV bytes held after the last step, median step time."""
-    prompt = random_prompt(engine.config.model_config.vocab_size, context, seed=context)
-    engine.add_request("window-bench", {"prompt_token_ids": prompt},
-                       SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1, ignore_eos=True))
-    steps, held = [], 0
-    while engine.has_unfinished_requests():
-        decoding = bool(engine.scheduler.running) and not engine.scheduler.running[0].in_prefill
-        start = time.perf_counter()
-        engine.step()
-        if decoding:
-            steps.append(time.perf_counter() - start)
-        held = engine.stats().kv_bytes_per_seq.get("window-bench", held)
-    return {"kv_bytes_per_seq": held, "decode_itl_ms": 1000 * statistics.median(steps), "tokens": context + decode_tokens}
 
 
 def main(args) -> None:
