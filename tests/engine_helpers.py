@@ -1,6 +1,9 @@
-"""Helpers shared by the engine tests: random prompts, greedy comparison up to near ties, leak checks."""
+"""Helpers shared by the engine tests: random prompts, greedy comparison up to near ties, leak checks,
+transformers' greedy continuation."""
 
 import random
+
+import torch
 
 NEAR_TIE = 1e-3
 
@@ -27,3 +30,13 @@ def assert_no_leak(llm) -> None:
     assert stats.num_free_blocks == stats.num_blocks and stats.kv_cache_usage == 0.0
     assert stats.peak_blocks_in_use > 0
     assert stats.num_running == 0 and stats.num_waiting == 0
+
+
+def reference_greedy(reference, tokens: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation (generate, decoding on its own cache) and its logits [steps, vocab]."""
+    with torch.no_grad():
+        out = reference.generate(
+            torch.tensor([tokens]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+        )
+    return out.sequences[0, len(tokens) :].tolist(), torch.cat(out.logits)

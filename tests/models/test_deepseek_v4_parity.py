@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from llmpipe import LLM, SamplingParams
-from tests.engine_helpers import assert_no_leak
+from tests.engine_helpers import assert_no_leak, reference_greedy
 
 STEPS = 24
 
@@ -43,16 +43,6 @@ def greedy(steps: int = STEPS, **extra) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, **extra)
 
 
-def reference_greedy(reference, tokens: list[int], steps: int = STEPS) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation (generate, decoding on its own compressor caches) and its logits."""
-    with torch.no_grad():
-        out = reference.generate(
-            torch.tensor([tokens]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(tokens) :].tolist(), torch.cat(out.logits)
-
-
 def test_prefill_logits_match_transformers(llm, reference):
     with torch.no_grad():
         theirs = reference(torch.tensor([PROMPT])).logits[0]
@@ -62,7 +52,7 @@ def test_prefill_logits_match_transformers(llm, reference):
 def test_decode_logits_and_greedy_tokens_across_compression_boundaries_match_transformers(llm, reference):
     vocab = llm.engine.config.model_config.vocab_size
     out = llm.generate([{"prompt_token_ids": PROMPT}], greedy(logprobs=vocab))[0].outputs[0]
-    expected, logits = reference_greedy(reference, PROMPT)
+    expected, logits = reference_greedy(reference, PROMPT, STEPS)
     assert out.token_ids == expected  # 24 steps: positions 200..223 close 6 CSA windows and one HCA window
     ours = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
     torch.testing.assert_close(ours, logits.log_softmax(-1), atol=1e-4, rtol=0)

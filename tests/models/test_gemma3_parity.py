@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from llmpipe import LLM, SamplingParams
+from tests.engine_helpers import reference_greedy
 
 NEAR_TIE = 1e-3  # a top-2 logit margin this small may flip on float rounding
 
@@ -34,16 +35,6 @@ def reference(path):
 @pytest.fixture(scope="module")
 def llm(path):
     return LLM(str(path), progress=False)
-
-
-def reference_greedy(reference, tokens: list[int], steps: int = 32) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation (generate, with its sliding-window cache) and its logits."""
-    with torch.no_grad():
-        out = reference.generate(
-            torch.tensor([tokens]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(tokens) :].tolist(), torch.cat(out.logits)
 
 
 def assert_matches_reference(reference, tokens: list[int], output) -> None:
@@ -75,7 +66,7 @@ def test_decode_logits_and_32_greedy_tokens_match_transformers(llm, reference):
     vocab = llm.engine.config.model_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=vocab)
     out = llm.generate([{"prompt_token_ids": PROMPT}], params)[0].outputs[0]
-    expected, logits = reference_greedy(reference, PROMPT)
+    expected, logits = reference_greedy(reference, PROMPT, 32)
     assert out.token_ids == expected
     ours = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
     torch.testing.assert_close(ours, logits.log_softmax(-1), atol=1e-4, rtol=0)
