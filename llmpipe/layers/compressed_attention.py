@@ -87,14 +87,23 @@ class DeepseekV4Attention(nn.Module):
         _write_rows(window_store, meta[0].slot_mapping, self._token_rows(x, kv))
         out = torch.empty_like(q)
         pos = positions.tolist()
-        for seg in segments(meta, pos):
+        segs = segments(meta, pos)
+        decodes, chunks = segs[: meta[0].num_decodes], segs[meta[0].num_decodes :]
+        for seg in decodes:  # entries first: a draft row may read one its predecessor's token closed
+            if self.compressor is not None and self._closes_window(seg):
+                window_rows = _read_rows(window_store, seg.window_blocks, seg.start + 1 - seg.window_base)
+                self._entries(seg, window_rows, entry_store, ropes[1])
+        if decodes:
+            rows = slice(0, len(decodes))
+            out[rows] = self._attend_decodes(q[rows], meta, pos[: len(decodes)], window_store, entry_store,
+                                             x[rows], q_residual[rows], cos[rows], sin[rows])
+        for seg in chunks:
             window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
             if self.compressor is not None:
                 self._entries(seg, window_rows, entry_store, ropes[1])
             for part in seg.split(QUERY_BLOCK):
                 rows = slice(part.row, part.row + part.n)
-                num_entries = (part.start + part.n) // self.compressor.ratio if self.compressor else 0
-                out[rows] = self._attend(q[rows], part, window_rows[:, : self.head_dim], entry_store, num_entries,
+                out[rows] = self._attend(q[rows], part, window_rows[:, : self.head_dim], entry_store,
                                          x[rows], q_residual[rows], cos[rows], sin[rows])
         out = apply_interleaved_rotary(out, cos, -sin)  # values carry RoPE (K = V): rotate it back out
         grouped = out.view(x.shape[0], self.o_groups, -1).transpose(0, 1)
@@ -112,6 +121,10 @@ class DeepseekV4Attention(nn.Module):
             parts.append(self.compressor.indexer.project(x))
         return torch.cat(parts, dim=-1)
 
+    def _closes_window(self, seg: Segment) -> bool:
+        r = self.compressor.ratio
+        return (seg.start + seg.n) // r > seg.start // r
+
     def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> None:
         """Pool the windows that close within the segment into entry rows."""
         c = self.compressor
@@ -128,36 +141,59 @@ class DeepseekV4Attention(nn.Module):
 
     # ---- attention ---------------------------------------------------------------------------
 
-    def _attend(self, q, seg: Segment, window_kv, entry_store, num_entries, x, q_residual, cos, sin) -> torch.Tensor:
-        """q: [n, heads, D] at positions start..start+n-1 against the window's keys (rows of
-        window_kv) and the entries it may see (CSA: the indexer's top-k of them), with the sink,
-        in one softmax."""
+    def _attend(self, q, seg: Segment, window_kv, entry_store, x, q_residual, cos, sin) -> torch.Tensor:
+        """One sequence's queries q [n, heads, D] at positions start..start+n-1: keys are the window's
+        rows of window_kv (shared by the queries, masked per query) and the entries each may see."""
         query_pos = torch.arange(seg.start, seg.start + seg.n, device=q.device)[:, None]
         first_key = max(seg.window_base, seg.start - self.window + 1)
         keys = window_kv[first_key - seg.window_base : seg.start + seg.n - seg.window_base]
         key_pos = torch.arange(first_key, seg.start + seg.n, device=q.device)[None, :]
-        allowed = (key_pos <= query_pos) & (key_pos > query_pos - self.window)
-        scale = self.head_dim**-0.5
-        scores = [(torch.einsum("nhd,kd->nhk", q, keys) * scale).masked_fill(~allowed[:, None, :], float("-inf"))]
-        picked = None
+        parts = [(keys, (key_pos <= query_pos) & (key_pos > query_pos - self.window))]
+        num_entries = (seg.start + seg.n) // self.compressor.ratio if self.compressor else 0
         if num_entries:
             visible = torch.arange(num_entries, device=q.device)[None, :] < (query_pos + 1) // self.compressor.ratio
-            if self.kind == CSA:  # sparse: each query reads only the entries its indexer picked
-                index_keys = _read_rows(entry_store[..., self.head_dim :], seg.entry_blocks, num_entries)
-                chosen, valid = self.compressor.indexer.select(x, q_residual, cos, sin, index_keys, visible)
-                picked = _gather_rows(entry_store[..., : self.head_dim], seg.entry_blocks, chosen)  # [n, k, D]
-                entry_scores = torch.einsum("nhd,nkd->nhk", q, picked) * scale
-            else:
-                picked = _read_rows(entry_store, seg.entry_blocks, num_entries)
-                entry_scores, valid = torch.einsum("nhd,kd->nhk", q, picked) * scale, visible
-            scores.append(entry_scores.masked_fill(~valid[:, None, :], float("-inf")))
-        sinks = self.sinks.to(q.dtype).view(1, -1, 1).expand(seg.n, -1, 1)
+            parts.append(self._entry_part(entry_store, seg.entry_blocks, num_entries, visible, x, q_residual, cos, sin))
+        return self._mix(q, parts)
+
+    def _attend_decodes(self, q, meta: LayerMeta, positions: list[int], window_store, entry_store,
+                        x, q_residual, cos, sin) -> torch.Tensor:
+        """Decode rows q [B, heads, D], one query each, batched: each row's keys are its own sequence's
+        (gathered from its block table, padding masked)."""
+        window, entry = meta
+        lens = window.decode_context_lens[:, None]  # rows held from the first block on, the new one included
+        keys = _read_rows(window_store[..., : self.head_dim], window.decode_block_tables, window.decode_max_len)
+        held = torch.arange(keys.shape[1], device=q.device)[None, :]
+        parts = [(keys, (held < lens) & (held >= lens - self.window))]
+        num_entries = (max(positions) + 1) // self.compressor.ratio if self.compressor else 0
+        if num_entries:
+            pos = torch.tensor(positions, device=q.device)[:, None]
+            visible = torch.arange(num_entries, device=q.device)[None, :] < (pos + 1) // self.compressor.ratio
+            parts.append(self._entry_part(entry_store, entry.decode_block_tables, num_entries, visible,
+                                          x, q_residual, cos, sin))
+        return self._mix(q, parts)
+
+    def _entry_part(self, entry_store, blocks, count, visible, x, q_residual, cos, sin):
+        """The entries the queries attend to and which each may use: every visible one (HCA), or the
+        indexer's top-k of them (CSA, sparse). blocks: one block table [nb], or one per query [n, nb]."""
+        if self.kind != CSA:
+            return _read_rows(entry_store, blocks, count), visible
+        index_keys = _read_rows(entry_store[..., self.head_dim :], blocks, count)
+        chosen, valid = self.compressor.indexer.select(x, q_residual, cos, sin, index_keys, visible)
+        return _gather_rows(entry_store[..., : self.head_dim], blocks, chosen), valid
+
+    def _mix(self, q: torch.Tensor, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One softmax over every part's keys and the per-head sink; K = V. A part's keys are [K, D]
+        (shared by the queries) or [n, K, D] (per query), with allowed [n, K]."""
+        scale = self.head_dim**-0.5
+        scores = [((q @ keys.transpose(-1, -2)) * scale).masked_fill(~allowed[:, None, :], float("-inf"))
+                  for keys, allowed in parts]
+        sinks = self.sinks.to(q.dtype).view(1, -1, 1).expand(q.shape[0], -1, 1)
         logits = torch.cat([*scores, sinks], dim=-1)
-        probs = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1).to(keys.dtype)
-        out = torch.einsum("nhk,kd->nhd", probs[..., : keys.shape[0]], keys)
-        if picked is not None:
-            entry_probs = probs[..., keys.shape[0] : -1]
-            out += torch.einsum("nhk,nkd->nhd", entry_probs, picked) if picked.dim() == 3 else entry_probs @ picked
+        probs = (logits - logits.amax(dim=-1, keepdim=True)).softmax(dim=-1).to(q.dtype)
+        out, start = 0, 0
+        for (keys, _), part in zip(parts, scores):
+            out = out + probs[..., start : start + part.shape[-1]] @ keys
+            start += part.shape[-1]
         return out
 
 
@@ -184,8 +220,9 @@ def _write_rows(store: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor) ->
 
 
 def _read_rows(store: torch.Tensor, blocks: torch.Tensor, count: int) -> torch.Tensor:
-    """The first `count` rows of these blocks, in order: [count, width]."""
-    return store.index_select(0, blocks).flatten(0, 1)[:count]
+    """The first `count` rows of these blocks, in order: [count, width], or [n, count, width] for n tables [n, nb]."""
+    rows = store.index_select(0, blocks.flatten()).unflatten(0, blocks.shape).flatten(-3, -2)
+    return rows[..., :count, :]
 
 
 def _slots(blocks: torch.Tensor, rows: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -194,6 +231,8 @@ def _slots(blocks: torch.Tensor, rows: torch.Tensor, block_size: int) -> torch.T
 
 
 def _gather_rows(store: torch.Tensor, blocks: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """Rows at these indices (any shape) of a sequence's blocks: [*rows.shape, width]."""
+    """Rows [n, k] (indices into the sequence's rows) of one block table [nb] or of one table per query
+    [n, nb]: [n, k, width]."""
     size = store.shape[1]
-    return store[blocks[rows // size], rows % size]
+    ids = blocks[rows // size] if blocks.dim() == 1 else blocks.gather(1, rows // size)
+    return store[ids, rows % size]

@@ -89,12 +89,12 @@ class Indexer(Compressor):
         keys: torch.Tensor, visible: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The entries each query attends to: the top-k by index score among those `visible` to it
-        ([queries, entries] bool). Returns their indices [queries, k] and which of them are visible
+        ([queries, entries] bool); keys [entries, dim] shared by the queries, or [queries, entries, dim]. Returns their indices [queries, k] and which of them are visible
         (a query that sees fewer than k entries gets some it may not use)."""
         q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.dim)
         q = apply_interleaved_rotary(q, cos, sin).float()
-        scores = torch.relu(q @ keys.float().T) * self.dim**-0.5  # [queries, heads, entries]
+        scores = torch.relu(q @ keys.float().transpose(-1, -2)) * self.dim**-0.5  # [queries, heads, entries]
         weights = self.scorer.weights_proj(x).float() * self.heads**-0.5
         scores = (scores * weights.unsqueeze(-1)).sum(dim=1).masked_fill(~visible, float("-inf"))
-        top = scores.topk(min(self.top_k, keys.shape[0]), dim=-1).indices
+        top = scores.topk(min(self.top_k, keys.shape[-2]), dim=-1).indices
         return top, visible.gather(1, top)
