@@ -15,6 +15,8 @@ from llmpipe.errors import InvalidRequestError
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 GEMMA3_FAMILY = ("gemma3", "gemma3_text")  # models/gemma3.py
 DEEPSEEK_V4_FAMILY = ("deepseek_v4",)  # models/deepseek_v4.py
+# DeepSeek V4's layer types (transformers' names): window only, compressed sparse, heavily compressed.
+WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
 
 @dataclass(frozen=True)

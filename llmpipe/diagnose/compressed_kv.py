@@ -28,12 +28,11 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from llmpipe.config import DTYPES
+from llmpipe.config import CSA, DTYPES, HCA, WINDOW
 from llmpipe.errors import ModelLoadError
 
 V4_MODEL_TYPES = {"deepseek_v4"}
 MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek_v32"}
-WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 RATIO_TO_LAYER_TYPE = {0: WINDOW, 4: CSA, 128: HCA}  # `compress_ratios` entries, as transformers reads them
 DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
 KIND_NAMES = {WINDOW: "window only", CSA: "CSA", HCA: "HCA"}

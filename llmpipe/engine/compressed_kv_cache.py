@@ -22,11 +22,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from llmpipe.config import ModelConfig
+from llmpipe.config import CSA, WINDOW, ModelConfig
 from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout, KVCacheSpec
 from llmpipe.errors import UnsupportedModelError
 
-WINDOW, CSA = "sliding_attention", "compressed_sparse_attention"
 
 
 @dataclass(frozen=True)

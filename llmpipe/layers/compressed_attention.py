@@ -19,14 +19,13 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from llmpipe.config import ModelConfig
+from llmpipe.config import CSA, WINDOW, ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import Float32RMSNorm, unweighted_rms_norm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
 
-WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 Ropes = tuple[InterleavedRotaryEmbedding, InterleavedRotaryEmbedding]  # (main, compress)
 LayerCache = tuple[torch.Tensor, torch.Tensor | None]  # window store, entry store: [blocks, block_size, width]
 LayerMeta = tuple[AttentionMetadata, AttentionMetadata | None]  # their groups' metadata
