@@ -27,7 +27,6 @@ from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout, KVCacheSpe
 from llmpipe.errors import UnsupportedModelError
 
 
-
 @dataclass(frozen=True)
 class CompressedKVLayout(KVCacheLayout):
     layer_caches: tuple[tuple[int, int | None], ...] = ()  # per model layer: (window store, entry store)

@@ -7,7 +7,9 @@ that one block of the pool — [S layers, K and V, block_size tokens] — fits a
 belongs to one group at a time, and each sequence has one block table per group. A window group
 frees the blocks its queries can no longer reach while the sequence goes on; a full group keeps
 everything. Llama-style models are one full group (S = all layers); Mistral with a window one
-sliding group; Gemma 3 (5 local layers per global one) several groups of each kind.
+sliding group; Gemma 3 (5 local layers per global one) several groups of each kind. DeepSeek V4's
+compressed groups keep one row per `ratio` tokens, so their blocks span block_size × ratio tokens
+(engine/compressed_kv_cache.py).
 """
 
 from __future__ import annotations
