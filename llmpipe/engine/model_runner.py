@@ -111,10 +111,11 @@ class ModelRunner:
             blocks = torch.tensor(table.ids[first - table.offset : -(-end // size) - table.offset], device=device)
             local = torch.arange(start - first * size, end - first * size, device=device)
             slots.append(blocks[local // size] * size + local % size)
-            prefills.append(PrefillChunk(row, row + end - start, end - first * size, blocks))
+            prefills.append(PrefillChunk(row, row + end - start, end - first * size, blocks, start))
         return AttentionMetadata(
             torch.cat(slots), len(lens), decode_tables, decode_lens, prefills,
             decode_max_len=max(local_lens, default=0), decode_same_len=len(set(local_lens)) <= 1,
+            decode_positions=[n - 1 for n in lens], decode_lens=local_lens,
         )
 
     def _entry_metadata(self, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]) -> AttentionMetadata:
@@ -124,7 +125,7 @@ class ModelRunner:
         if tables:
             width = max(len(t.ids) for t in tables)
             decode_tables = torch.tensor([t.ids + [0] * (width - len(t.ids)) for t in tables], device=device)
-        prefills = [PrefillChunk(row, row + end - start, end, torch.tensor(table.ids, device=device))
+        prefills = [PrefillChunk(row, row + end - start, end, torch.tensor(table.ids, device=device), start)
                     for table, start, end, row in chunks]
         empty = torch.empty(0, dtype=torch.long, device=device)
-        return AttentionMetadata(empty, len(lens), decode_tables, None, prefills)
+        return AttentionMetadata(empty, len(lens), decode_tables, None, prefills, decode_positions=[n - 1 for n in lens])

@@ -85,8 +85,7 @@ class DeepseekV4Attention(nn.Module):
         window_store, entry_store = cache
         _write_rows(window_store, meta[0].slot_mapping, self._token_rows(x, kv))
         out = torch.empty_like(q)
-        pos = positions.tolist()
-        segs = segments(meta, pos)
+        segs = segments(meta)
         decodes, chunks = segs[: meta[0].num_decodes], segs[meta[0].num_decodes :]
         for seg in decodes:  # entries first: a draft row may read one its predecessor's token closed
             if self.compressor is not None and self._closes_window(seg):
@@ -94,7 +93,7 @@ class DeepseekV4Attention(nn.Module):
                 self._entries(seg, window_rows, entry_store, ropes[1])
         if decodes:
             rows = slice(0, len(decodes))
-            out[rows] = self._attend_decodes(q[rows], meta, pos[: len(decodes)], window_store, entry_store,
+            out[rows] = self._attend_decodes(q[rows], meta, positions[rows], window_store, entry_store,
                                              x[rows], q_residual[rows], cos[rows], sin[rows])
         for seg in chunks:
             window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
@@ -154,7 +153,7 @@ class DeepseekV4Attention(nn.Module):
             parts.append(self._entry_part(entry_store, seg.entry_blocks, num_entries, visible, x, q_residual, cos, sin))
         return self._mix(q, parts)
 
-    def _attend_decodes(self, q, meta: LayerMeta, positions: list[int], window_store, entry_store,
+    def _attend_decodes(self, q, meta: LayerMeta, positions: torch.Tensor, window_store, entry_store,
                         x, q_residual, cos, sin) -> torch.Tensor:
         """Decode rows q [B, heads, D], one query each, batched: each row's keys are its own sequence's
         (gathered from its block table, padding masked)."""
@@ -163,10 +162,9 @@ class DeepseekV4Attention(nn.Module):
         keys = _read_rows(window_store[..., : self.head_dim], window.decode_block_tables, window.decode_max_len)
         held = torch.arange(keys.shape[1], device=q.device)[None, :]
         parts = [(keys, (held < lens) & (held >= lens - self.window))]
-        num_entries = (max(positions) + 1) // self.compressor.ratio if self.compressor else 0
+        num_entries = (max(window.decode_positions) + 1) // self.compressor.ratio if self.compressor else 0
         if num_entries:
-            pos = torch.tensor(positions, device=q.device)[:, None]
-            visible = torch.arange(num_entries, device=q.device)[None, :] < (pos + 1) // self.compressor.ratio
+            visible = torch.arange(num_entries, device=q.device)[None, :] < (positions[:, None] + 1) // self.compressor.ratio
             parts.append(self._entry_part(entry_store, entry.decode_block_tables, num_entries, visible,
                                           x, q_residual, cos, sin))
         return self._mix(q, parts)
@@ -196,19 +194,17 @@ class DeepseekV4Attention(nn.Module):
         return out
 
 
-def segments(meta: LayerMeta, positions: list[int]) -> list[Segment]:
+def segments(meta: LayerMeta) -> list[Segment]:
     """The batch's sequences as segments: decode rows first (one each), then prefill chunks."""
     window, entry = meta
     out = []
-    if window.num_decodes:
-        lens = window.decode_context_lens.tolist()
-        for i, length in enumerate(lens):
-            entry_blocks = None if entry is None else entry.decode_block_tables[i]
-            out.append(Segment(i, positions[i], 1, window.decode_block_tables[i], positions[i] + 1 - length, entry_blocks))
+    for i, (position, length) in enumerate(zip(window.decode_positions, window.decode_lens)):
+        entry_blocks = None if entry is None else entry.decode_block_tables[i]
+        out.append(Segment(i, position, 1, window.decode_block_tables[i], position + 1 - length, entry_blocks))
     for k, chunk in enumerate(window.prefills):
-        n, start = chunk.token_end - chunk.token_start, positions[chunk.token_start]
+        n = chunk.token_end - chunk.token_start
         entry_blocks = None if entry is None else entry.prefills[k].block_table
-        out.append(Segment(chunk.token_start, start, n, chunk.block_table, start + n - chunk.context_len, entry_blocks))
+        out.append(Segment(chunk.token_start, chunk.start, n, chunk.block_table, chunk.start + n - chunk.context_len, entry_blocks))
     return out
 
 
