@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from llmpipe.config import CSA, WINDOW, ModelConfig
+from llmpipe.config import CSA, WINDOW, EngineConfig, ModelConfig
 from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout, KVCacheSpec
 from llmpipe.errors import UnsupportedModelError
 
@@ -128,8 +128,12 @@ class CompressedKVCache:
         self.pool[dst] = self.pool[src]
 
 
-def check_supported(kv_cache_dtype: str, tensor_parallel_size: int) -> None:
-    if kv_cache_dtype != "auto":
-        raise UnsupportedModelError(f"kv_cache_dtype={kv_cache_dtype!r}: DeepSeek V4's compressed cache is stored in the model dtype")
-    if tensor_parallel_size != 1:
+def check_supported(config: EngineConfig) -> None:
+    """Engine options DeepSeek V4's cache does not take (one-line errors, before anything is loaded)."""
+    if config.kv_cache_dtype != "auto":
+        raise UnsupportedModelError(
+            f"kv_cache_dtype={config.kv_cache_dtype!r}: DeepSeek V4's compressed cache is stored in the model dtype")
+    if config.tensor_parallel_size != 1:
         raise UnsupportedModelError("DeepSeek V4 does not run under tensor parallelism yet")
+    if config.disable_sliding_window:
+        raise UnsupportedModelError("DeepSeek V4's sliding window is part of its attention: it cannot be disabled")

@@ -18,6 +18,7 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
+from llmpipe.engine.compressed_kv_cache import check_supported
 from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
@@ -80,6 +81,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model)
+        if checkpoint.config.deepseek_v4 is not None:
+            check_supported(config)
         if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
             checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config

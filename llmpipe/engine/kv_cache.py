@@ -41,7 +41,7 @@ def num_blocks_for(
 def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
     """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
     if cfg.deepseek_v4 is not None:
-        check_supported(config.kv_cache_dtype, config.tensor_parallel_size)
+        check_supported(config)
         layout = compressed_kv_layout(cfg)
         block_bytes = config.block_size * layout.row_elements * config.torch_dtype.itemsize
     else:

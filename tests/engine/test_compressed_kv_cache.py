@@ -9,6 +9,7 @@ import torch
 from llmpipe import LLM, SamplingParams
 from llmpipe.diagnose.compressed_kv import plan_compressed_kv, read_config
 from llmpipe.engine.compressed_kv_cache import CompressedKVCache, compressed_kv_layout, store_specs
+from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.hf_config import hf_model_config
 
 
@@ -63,3 +64,13 @@ def test_a_sequence_holds_the_blocks_its_layout_implies(tiny_deepseek_v4):
     pages = (held[last] - held[first]) // engine.block_bytes
     assert 0 <= pages <= sum(-(-(last - first) // g.spec.tokens_per_block(16)) + 1 for g in engine.kv_layout.groups
                              if g.spec.window is None)
+
+
+@pytest.mark.parametrize("option, message", [
+    ({"kv_cache_dtype": "int8"}, "stored in the model dtype"),
+    ({"tensor_parallel_size": 2}, "tensor parallelism"),
+    ({"disable_sliding_window": True}, "cannot be disabled"),
+])
+def test_options_the_compressed_cache_does_not_take_are_refused_in_one_line(tiny_deepseek_v4, option, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        LLM(str(tiny_deepseek_v4()), progress=False, **option)
