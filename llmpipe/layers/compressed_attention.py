@@ -135,7 +135,8 @@ class DeepseekV4Attention(nn.Module):
             new = c.pool(rows[..., : c.row_width], first, previous, rope)
             if self.kind == CSA:
                 new = torch.cat([new, c.indexer.pool(rows[..., c.row_width :], first, previous, rope)], dim=-1)
-            _write_rows(entry_store, _slots(seg.entry_blocks, torch.arange(first, last, device=new.device), entry_store.shape[1]), new)
+            slots = _slots(seg.entry_blocks, torch.arange(first, last, device=new.device), entry_store.shape[1])
+            _write_rows(entry_store, slots, new)
 
     # ---- attention ---------------------------------------------------------------------------
 
