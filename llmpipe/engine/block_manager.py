@@ -140,7 +140,8 @@ class BlockManager:
         misses = []
         for group, spec in enumerate(self.specs):
             first, r = spec.first_needed_block(k * self.block_size, self.block_size), spec.span
-            missing = (j for j in range(k // r - 1, first - 1, -1) if self._lookup(group, (j + 1) * r - 1, hashes, seq) is None)
+            missing = (j for j in range(k // r - 1, first - 1, -1)
+                       if self._lookup(group, (j + 1) * r - 1, hashes, seq) is None)
             misses.append(next((j * r for j in missing), None))
         return max((m for m in misses if m is not None), default=None)
 

@@ -118,7 +118,9 @@ class ModelRunner:
             decode_positions=[n - 1 for n in lens], decode_lens=local_lens,
         )
 
-    def _entry_metadata(self, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]) -> AttentionMetadata:
+    def _entry_metadata(
+        self, tables: list[BlockTable], lens: list[int], chunks: list[tuple[BlockTable, int, int, int]]
+    ) -> AttentionMetadata:
         """A compressed group's whole tables (its layers write the entries they pool themselves)."""
         device = self.device
         decode_tables = None

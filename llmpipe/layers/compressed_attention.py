@@ -46,7 +46,8 @@ class Segment:
     def split(self, size: int) -> list["Segment"]:
         """Runs of at most `size` queries (a long prefill chunk attends run by run: each run's keys are
         only its own window, so the work grows linearly with the chunk, not quadratically)."""
-        return [replace(self, row=self.row + i, start=self.start + i, n=min(size, self.n - i)) for i in range(0, self.n, size)]
+        return [replace(self, row=self.row + i, start=self.start + i, n=min(size, self.n - i))
+                for i in range(0, self.n, size)]
 
 
 class DeepseekV4Attention(nn.Module):
@@ -74,7 +75,9 @@ class DeepseekV4Attention(nn.Module):
                     hidden, v4.q_lora_rank, v4.index_n_heads, v4.index_head_dim, ratio, v4.index_topk, eps
                 )
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, ropes: Ropes, cache: LayerCache, meta: LayerMeta) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, ropes: Ropes, cache: LayerCache, meta: LayerMeta
+    ) -> torch.Tensor:
         rope = ropes[0] if self.compressor is None else ropes[1]
         cos, sin = rope.tables(positions)
         q_residual = self.q_a_norm(self.q_a_proj(x))
@@ -205,7 +208,8 @@ def segments(meta: LayerMeta) -> list[Segment]:
     for k, chunk in enumerate(window.prefills):
         n = chunk.token_end - chunk.token_start
         entry_blocks = None if entry is None else entry.prefills[k].block_table
-        out.append(Segment(chunk.token_start, chunk.start, n, chunk.block_table, chunk.start + n - chunk.context_len, entry_blocks))
+        base = chunk.start + n - chunk.context_len
+        out.append(Segment(chunk.token_start, chunk.start, n, chunk.block_table, base, entry_blocks))
     return out
 
 

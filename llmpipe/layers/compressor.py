@@ -89,7 +89,8 @@ class Indexer(Compressor):
         keys: torch.Tensor, visible: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The entries each query attends to: the top-k by index score among those `visible` to it
-        ([queries, entries] bool); keys [entries, dim] shared by the queries, or [queries, entries, dim]. Returns their indices [queries, k] and which of them are visible
+        ([queries, entries] bool); keys [entries, dim] shared by the queries, or [queries, entries, dim].
+        Returns their indices [queries, k] and which of them are visible
         (a query that sees fewer than k entries gets some it may not use)."""
         q = self.q_b_proj(q_residual).view(x.shape[0], self.heads, self.dim)
         q = apply_interleaved_rotary(q, cos, sin).float()
