@@ -7,6 +7,10 @@ a later sequence with the same prefix reuses it (after comparing the tokens, so 
 can never serve wrong K/V). Freed blocks keep their contents and stay hittable until they are
 handed out again, least recently freed first.
 
+A compressed group's block (DeepSeek V4: one row per `ratio` tokens) spans several token blocks; while it
+fills it is listed under each of their hashes, and a hit that ends inside it gets a copy of it
+(`copy_block`), since the new sequence goes on writing its later rows.
+
 Blocks are given out per step, for the tokens scheduled. A sliding-window group frees the blocks
 that no later query of the sequence can reach, so its table starts at an offset; a prefix is
 reusable only as far as every group still has the blocks its next query reads.
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from llmpipe.engine.kv_cache_spec import KVCacheSpec
 
@@ -55,12 +59,17 @@ class Block:
     hash: int | None = None  # set once the block is full and registered in its group's prefix cache
     token_ids: tuple[int, ...] = field(default=())
     group: int = 0  # the group whose prefix cache lists it
+    # A compressed group's block, listed while it fills: token-block hash → that token block's ids.
+    partials: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass
 class PrefixHit:
     num_tokens: int  # tokens served from the cache
     tables: list[BlockTable]  # per group, the cached blocks the sequence's next queries read
+    # Per group, a cached block whose first rows hold the hit's last entries (a compressed block the
+    # hit ends inside): allocate() copies it into a block of the sequence's own.
+    partials: list[int | None] = field(default_factory=list)
 
 
 def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:
@@ -83,6 +92,10 @@ class BlockManager:
         # Blocks with ref_count 0, oldest-freed first; an OrderedDict gives O(1) removal on a cache hit.
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: list[dict[int, int]] = [{} for _ in self.specs]  # per group: block hash → block id
+        self.partial: list[dict[int, int]] = [{} for _ in self.specs]  # per group: hash → compressed block filling
+        # Copies one block's contents to another (the KV cache's): set, prefix hits may end inside a
+        # compressed group's block, whose cached rows are then copied; unset, hits cover whole blocks.
+        self.copy_block: Callable[[int, int], None] | None = None
         self.prefix_queries = 0  # prompt blocks looked up
         self.prefix_hits = 0  # prompt blocks served from the cache
         self.peak_blocks_in_use = 0
@@ -122,17 +135,18 @@ class BlockManager:
         # too (a window's first needed block only moves forward), so k drops below it.
         while k and (miss := self._highest_miss(seq, hashes, k)) is not None:
             k = self._round_hit(miss)
-        tables = []
+        tables, partials = [], []
         for group, spec in enumerate(self.specs):
             first = spec.first_needed_block(k * self.block_size, self.block_size)
             ids = [self._lookup(group, (j + 1) * spec.span - 1, hashes, seq) for j in range(first, k // spec.span)]
             tables.append(BlockTable(first, ids))
-        return PrefixHit(k * self.block_size, tables)
+            partials.append(self._lookup_partial(group, k - 1, hashes, seq) if k % spec.span else None)
+        return PrefixHit(k * self.block_size, tables, partials)
 
     def _round_hit(self, k: int) -> int:
-        """A prefix of k token blocks cut to whole blocks of every compressed group (a partly filled
-        block of entries would be written by the new sequence while others read it)."""
-        return k - k % math.lcm(*(spec.span for spec in self.specs))
+        """Without copy_block, a prefix of k token blocks cut to whole blocks of every compressed group
+        (a partly filled block of entries would be written by the new sequence while others read it)."""
+        return k if self.copy_block is not None else k - k % math.lcm(*(spec.span for spec in self.specs))
 
     def _highest_miss(self, seq: PagedSequence, hashes: list[int], k: int) -> int | None:
         """The longest prefix (token blocks) short of k that the highest missing block allows, if one is missing.
@@ -142,7 +156,10 @@ class BlockManager:
             first, r = spec.first_needed_block(k * self.block_size, self.block_size), spec.span
             missing = (j for j in range(k // r - 1, first - 1, -1)
                        if self._lookup(group, (j + 1) * r - 1, hashes, seq) is None)
-            misses.append(next((j * r for j in missing), None))
+            miss = next((j * r for j in missing), None)
+            if miss is None and k % r and self._lookup_partial(group, k - 1, hashes, seq) is None:
+                miss = k - 1  # no cached block holds this group's entries up to token block k - 1
+            misses.append(miss)
         return max((m for m in misses if m is not None), default=None)
 
     def _lookup(self, group: int, index: int, hashes: list[int], seq: PagedSequence) -> int | None:
@@ -151,6 +168,12 @@ class BlockManager:
             return None
         chunk = seq.all_token_ids[index * self.block_size : (index + 1) * self.block_size]
         return block_id if self.blocks[block_id].token_ids == tuple(chunk) else None
+
+    def _lookup_partial(self, group: int, index: int, hashes: list[int], seq: PagedSequence) -> int | None:
+        """A compressed block whose rows are final up to token block `index` of this prefix."""
+        block_id = self.partial[group].get(hashes[index])
+        chunk = tuple(seq.all_token_ids[index * self.block_size : (index + 1) * self.block_size])
+        return block_id if block_id is not None and self.blocks[block_id].partials.get(hashes[index]) == chunk else None
 
     def can_allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> bool:
         """Room for the hit's blocks (those sitting in the free list leave it) and the first chunk."""
@@ -172,6 +195,11 @@ class BlockManager:
             self.prefix_queries += (len(seq.all_token_ids) - 1) // self.block_size
             self.prefix_hits += seq.num_hashed_blocks
         self.reserve(seq, num_new_tokens)
+        # The source of a partial block is untouched until the next forward writes, even if it was just handed out.
+        for spec, table, source in zip(self.specs, seq.block_tables, hit.partials):
+            own = table.ids[seq.num_hashed_blocks // spec.span - table.offset] if source is not None else None
+            if own is not None and own != source:
+                self.copy_block(source, own)
 
     # ---- each step: free what the window left behind, add blocks for the scheduled tokens -----
 
@@ -218,14 +246,16 @@ class BlockManager:
         for index in range(seq.num_hashed_blocks, full):
             chunk = tuple(tokens[index * size : (index + 1) * size])
             for group, (spec, table) in enumerate(zip(self.specs, seq.block_tables)):
-                if (index + 1) % spec.span:
-                    continue  # a compressed group's block fills with its last token block
-                j = (index + 1) // spec.span - 1
-                if table.offset <= j < len(table):
-                    block = self.blocks[table.ids[j - table.offset]]
-                    if block.hash is None:
-                        block.hash, block.token_ids, block.group = hashes[index], chunk, group
-                        self.cached[group].setdefault(block.hash, block.block_id)
+                j = index // spec.span
+                if not table.offset <= j < len(table):
+                    continue
+                block = self.blocks[table.ids[j - table.offset]]
+                if (index + 1) % spec.span:  # a compressed block still filling: listed for copy-on-hit
+                    block.partials[hashes[index]], block.group = chunk, group
+                    self.partial[group].setdefault(hashes[index], block.block_id)
+                elif block.hash is None:
+                    block.hash, block.token_ids, block.group = hashes[index], chunk, group
+                    self.cached[group].setdefault(block.hash, block.block_id)
         seq.num_hashed_blocks = max(seq.num_hashed_blocks, full)
 
     def _hashes(self, seq: PagedSequence, count: int) -> list[int]:
@@ -300,5 +330,8 @@ class BlockManager:
         block = self.blocks[block_id]
         if block.hash is not None and self.cached[block.group].get(block.hash) == block_id:
             del self.cached[block.group][block.hash]  # evict: its contents are about to be overwritten
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        for h in block.partials:
+            if self.partial[block.group].get(h) == block_id:
+                del self.partial[block.group][h]
+        block.hash, block.token_ids, block.ref_count, block.partials = None, (), 1, {}
         return block_id

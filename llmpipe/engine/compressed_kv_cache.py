@@ -100,8 +100,8 @@ def _growth(row: int, groups: list[KVCacheGroup]) -> float:
 
 
 def _block_rows(fit: int, ratio: int, largest_ratio: int) -> int:
-    """The most rows (≤ fit) whose block still spans a divisor of the largest ratio's block: a prefix-cache
-    hit covers whole blocks of every group, so a longer span would coarsen every hit."""
+    """The most rows (≤ fit) whose block still spans a divisor of the largest ratio's block (where prefix hits
+    must cover whole blocks, with no copy_block, a longer span would coarsen every hit)."""
     return max(m for m in range(1, fit + 1) if largest_ratio % (ratio * m) == 0)
 
 

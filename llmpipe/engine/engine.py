@@ -114,6 +114,7 @@ class LLMEngine:
             self.runner.start(num_blocks, self.kv_layout)
         else:
             self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
+        self.block_manager.copy_block = self.runner.kv_cache.copy_block  # prefix hits inside compressed blocks
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
         self.requests: dict[str, Request] = {}

@@ -40,10 +40,17 @@ def no_hit(specs=SPECS) -> PrefixHit:
 
 
 class World:
-    def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS):
+    def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS, copying=False):
         self.bm = BlockManager(num_blocks, BLOCK, specs=specs)
+        if copying:  # prefix hits may end inside a compressed block, copied as the engine's KV cache would
+            self.bm.copy_block = self.copy
         self.pool: dict[tuple[int, int], int] = {}
         self.live: list[FakeSeq] = []
+
+    def copy(self, src: int, dst: int) -> None:
+        for offset in range(BLOCK):
+            if (src, offset) in self.pool:
+                self.pool[(dst, offset)] = self.pool[(src, offset)]
 
     def admit(self, seq: FakeSeq) -> bool:
         hit = self.bm.prefix_hit(seq)
@@ -107,9 +114,9 @@ ops = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops, st.sampled_from([SPECS, V4_SPECS]))
-def test_block_manager_invariants_hold_under_random_operations(operations, specs):
-    world = World(specs)
+@given(ops, st.sampled_from([(SPECS, False), (V4_SPECS, False), (V4_SPECS, True)]))
+def test_block_manager_invariants_hold_under_random_operations(operations, setup):
+    world = World(*setup[:1], copying=setup[1])
     bm = world.bm
     for op in operations:
         if op[0] == "new":
@@ -124,9 +131,7 @@ def test_block_manager_invariants_hold_under_random_operations(operations, specs
             if bm.can_fork(parent):
                 child = FakeSeq(list(parent.tokens))
                 for src, dst in bm.fork(parent, child):
-                    for offset in range(BLOCK):
-                        if (src, offset) in world.pool:
-                            world.pool[(dst, offset)] = world.pool[(src, offset)]
+                    world.copy(src, dst)
                 child.num_computed_tokens = parent.num_computed_tokens
                 world.live.append(child)
         elif op[0] == "free" and world.live:
@@ -227,3 +232,19 @@ def test_compressed_group_blocks_span_ratio_blocks_and_prefix_hits_cover_whole_o
     assert world.admit(short)
     assert short.num_cached_tokens == 16 and short.block_tables[1].ids[0] == donor_entries[0]
     world.check()
+
+
+def test_with_copy_block_a_hit_ends_inside_a_compressed_block_and_gets_its_rows_copied():
+    world = World([KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=4)], copying=True)
+    tokens = list(range(45))
+    donor = FakeSeq(list(tokens))
+    assert world.admit(donor)
+    donor_entries = list(donor.block_tables[1].ids)
+    world.bm.free_sequence(donor)
+    again = FakeSeq(list(tokens[:42]) + [99, 98, 97])  # shares 42 tokens: token blocks 0..9
+    assert world.admit(again)
+    # 40 tokens: whole entry blocks 0 and 1 shared, block 2's rows for tokens 32..39 copied into its own.
+    assert again.num_cached_tokens == 40
+    entries = again.block_tables[1].ids
+    assert entries[:2] == donor_entries[:2] and entries[2] != donor_entries[2]
+    world.check()  # every row the sequence reads, the copied ones included, holds its own tokens

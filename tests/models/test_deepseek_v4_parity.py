@@ -83,14 +83,15 @@ def test_n_samples_share_the_prompt_blocks_and_copy_the_partial_ones(llm, refere
     assert_no_leak(llm)
 
 
-def test_prefix_cache_hit_covers_whole_compressed_blocks_and_changes_nothing(path, reference):
+def test_prefix_cache_hit_inside_compressed_blocks_changes_nothing(path, reference):
     llm = LLM(str(path), progress=False)
     shared = prompt(300, 5)
     first, second = shared + prompt(5, 6), shared + prompt(9, 7)
     llm.generate([{"prompt_token_ids": first}], greedy(4))
     out = llm.generate([{"prompt_token_ids": second}], greedy(12))[0]
-    # HCA entry blocks span 16 × 16 = 256 tokens: the 300 shared tokens give a 256-token hit.
-    assert out.num_cached_tokens == 256
+    # Every whole 16-token block of the 300 shared tokens: the hit ends inside the HCA and CSA entry
+    # blocks (256 and 128 tokens each), whose cached rows are copied into the sequence's own blocks.
+    assert out.num_cached_tokens == 288
     assert out.outputs[0].token_ids == reference_greedy(reference, second, 12)[0]
     assert_no_leak(llm)
 
