@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import DeepseekV4Fields
-from llmpipe.diagnose.compressed_kv import CSA, HCA, layer_schedule
+from llmpipe.config import CSA, HCA, DeepseekV4Fields
+from llmpipe.diagnose.compressed_kv import layer_schedule
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.layers.moe import SCORE_FUNCTIONS
 
