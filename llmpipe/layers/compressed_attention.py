@@ -88,17 +88,18 @@ class DeepseekV4Attention(nn.Module):
         window_store, entry_store = cache
         _write_rows(window_store, meta[0].slot_mapping, self._token_rows(x, kv))
         out = torch.empty_like(q)
-        segs = segments(meta)
-        decodes, chunks = segs[: meta[0].num_decodes], segs[meta[0].num_decodes :]
-        for seg in decodes:  # entries first: a draft row may read one its predecessor's token closed
-            if self.compressor is not None and self._closes_window(seg):
-                window_rows = _read_rows(window_store, seg.window_blocks, seg.start + 1 - seg.window_base)
-                self._entries(seg, window_rows, entry_store, ropes[1])
-        if decodes:
-            rows = slice(0, len(decodes))
+        num_decodes = meta[0].num_decodes
+        if self.compressor is not None:  # entries first: a draft row may read one its predecessor's token closed
+            for i, position in enumerate(meta[0].decode_positions):
+                if (position + 1) % self.compressor.ratio == 0:
+                    seg = decode_segment(meta, i)
+                    window_rows = _read_rows(window_store, seg.window_blocks, seg.start + 1 - seg.window_base)
+                    self._entries(seg, window_rows, entry_store, ropes[1])
+        if num_decodes:
+            rows = slice(0, num_decodes)
             out[rows] = self._attend_decodes(q[rows], meta, positions[rows], window_store, entry_store,
                                              x[rows], q_residual[rows], cos[rows], sin[rows])
-        for seg in chunks:
+        for seg in chunk_segments(meta):
             window_rows = _read_rows(window_store, seg.window_blocks, seg.start + seg.n - seg.window_base)
             if self.compressor is not None:
                 self._entries(seg, window_rows, entry_store, ropes[1])
@@ -121,10 +122,6 @@ class DeepseekV4Attention(nn.Module):
         if self.kind == CSA:
             parts.append(self.compressor.indexer.project(x))
         return torch.cat(parts, dim=-1)
-
-    def _closes_window(self, seg: Segment) -> bool:
-        r = self.compressor.ratio
-        return (seg.start + seg.n) // r > seg.start // r
 
     def _entries(self, seg: Segment, window_rows: torch.Tensor, entry_store: torch.Tensor, rope) -> None:
         """Pool the windows that close within the segment into entry rows."""
@@ -198,13 +195,18 @@ class DeepseekV4Attention(nn.Module):
         return out
 
 
-def segments(meta: LayerMeta) -> list[Segment]:
-    """The batch's sequences as segments: decode rows first (one each), then prefill chunks."""
+def decode_segment(meta: LayerMeta, i: int) -> Segment:
+    """Decode row i as a one-token segment."""
+    window, entry = meta
+    position, length = window.decode_positions[i], window.decode_lens[i]
+    entry_blocks = None if entry is None else entry.decode_block_tables[i]
+    return Segment(i, position, 1, window.decode_block_tables[i], position + 1 - length, entry_blocks)
+
+
+def chunk_segments(meta: LayerMeta) -> list[Segment]:
+    """The batch's prefill chunks as segments."""
     window, entry = meta
     out = []
-    for i, (position, length) in enumerate(zip(window.decode_positions, window.decode_lens)):
-        entry_blocks = None if entry is None else entry.decode_block_tables[i]
-        out.append(Segment(i, position, 1, window.decode_block_tables[i], position + 1 - length, entry_blocks))
     for k, chunk in enumerate(window.prefills):
         n = chunk.token_end - chunk.token_start
         entry_blocks = None if entry is None else entry.prefills[k].block_table

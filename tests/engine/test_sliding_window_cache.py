@@ -10,6 +10,7 @@ import torch
 import transformers
 
 from llmpipe import LLM, SamplingParams
+from tests.engine_helpers import reference_greedy
 from tests.models.test_gemma3_parity import path, prompt, reference  # noqa: F401  (shared fixtures)
 
 BLOCK = 16
@@ -29,17 +30,8 @@ def long_window_path(path, tmp_path_factory):
     return out
 
 
-def expected_greedy(reference, tokens: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    with torch.no_grad():
-        out = reference.generate(
-            torch.tensor([tokens]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-            pad_token_id=0, output_logits=True, return_dict_in_generate=True,
-        )
-    return out.sequences[0, len(tokens) :].tolist(), torch.cat(out.logits)
-
-
 def assert_matches_reference(reference, tokens: list[int], token_ids: list[int]) -> None:
-    expected, logits = expected_greedy(reference, tokens, len(token_ids))
+    expected, logits = reference_greedy(reference, tokens, len(token_ids))
     step = next((i for i, (a, b) in enumerate(zip(token_ids, expected)) if a != b), None)
     if step is not None:
         top2 = logits[step].topk(2).values
