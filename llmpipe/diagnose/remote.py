@@ -14,6 +14,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import httpx
 
@@ -51,11 +52,14 @@ class StreamTiming:
 
 
 class RemoteServer:
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0,
+                 clock: Callable[[], float] = time.perf_counter):
+        """`clock`: where stream timings come from (tests give a virtual one)."""
         self.base_url = base_url.rstrip("/")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
         self.ignore_eos = True  # dropped if the server rejects the field
+        self.clock = clock
 
     def __enter__(self) -> "RemoteServer":
         return self
@@ -78,7 +82,7 @@ class RemoteServer:
                 "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True  # vLLM / llama.cpp / llmpipe extension: exactly max_tokens tokens
-        timing = StreamTiming(sent=time.perf_counter(), end=0.0)
+        timing = StreamTiming(sent=self.clock(), end=0.0)
         try:
             with self.client.stream("POST", "/v1/completions", json=body) as response:
                 if response.status_code != 200:
@@ -86,10 +90,10 @@ class RemoteServer:
                     self._json(response)
                 for line in response.iter_lines():
                     if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        _record_chunk(timing, json.loads(line[5:]), time.perf_counter())
+                        _record_chunk(timing, json.loads(line[5:]), self.clock())
         except httpx.HTTPError as exc:
             raise LLMPipeError(f"{self.base_url}: {exc}") from exc
-        timing.end = time.perf_counter()
+        timing.end = self.clock()
         return timing
 
     def _json(self, response: httpx.Response) -> dict:

@@ -1,4 +1,4 @@
-"""Decode attention in C (csrc/paged_attention.c), reading a float32 paged cache in place.
+"""Decode attention in C (kernels/csrc/paged_attention.c), reading a float32 paged cache in place.
 
 A decode step's attention in PyTorch is a gather of every cached block plus two dozen small ops
 per layer (a bmm per KV head, softmax, stacking); at batch 1 those calls cost more than the
@@ -10,23 +10,12 @@ quantized). Both are tested against `reference_paged_attention`.
 from __future__ import annotations
 
 import ctypes
-import functools
-from pathlib import Path
 
 import torch
 
-from llmpipe.quant.kernels import compile_library
+from llmpipe.kernels.build import I64, PTR, KernelLibrary
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = compile_library(SOURCE)
-    if lib is not None:
-        lib.paged_decode_attention.argtypes = [_PTR] * 5 + [_I64] * 7 + [ctypes.c_float, _I64]
-    return lib
+_library = KernelLibrary("paged_attention", paged_decode_attention=[PTR] * 5 + [I64] * 7 + [ctypes.c_float, I64])
 
 
 def usable(q: torch.Tensor, kv_cache) -> bool:

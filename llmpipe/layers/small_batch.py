@@ -1,4 +1,4 @@
-"""A float32 product for a few activation rows (csrc/small_batch_linear.c), called via ctypes.
+"""A float32 product for a few activation rows (kernels/csrc/small_batch_linear.c), called via ctypes.
 
 Two to eight rows (a small decode batch, or one sequence verifying speculative tokens) are bound
 by streaming the weights, like one row, yet MKL's sgemm on this kind of CPU takes 2-4x its
@@ -7,25 +7,12 @@ one-row time for them; the kernel reads each weight row once for all rows.
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
-from llmpipe.quant.kernels import compile_library
+from llmpipe.kernels.build import I64, PTR, KernelLibrary
 
-SOURCE = Path(__file__).parent / "csrc" / "small_batch_linear.c"
 MIN_ROWS, MAX_ROWS = 2, 8  # one row stays on MKL's matrix-vector product
-_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    lib = compile_library(SOURCE)
-    if lib is not None:
-        lib.small_batch_linear.argtypes = [_PTR, _PTR, _PTR, _I64, _I64, _I64]
-    return lib
+_library = KernelLibrary("small_batch_linear", small_batch_linear=[PTR, PTR, PTR, I64, I64, I64])
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:

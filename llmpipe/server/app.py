@@ -12,7 +12,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
@@ -43,12 +43,12 @@ router = APIRouter()
 class Server:
     """What the routes share: the model, its async engine, the metrics."""
 
-    def __init__(self, llm: LLM, model_name: str, max_waiting: int | None) -> None:
+    def __init__(self, llm: LLM, model_name: str, max_waiting: int | None, before_step: Callable[[], None] | None) -> None:
         self.llm = llm
         self.model_name = model_name
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats)
-        self.engine = AsyncEngine(llm.engine, max_waiting, on_output=self.metrics.observe)
+        self.engine = AsyncEngine(llm.engine, max_waiting, on_output=self.metrics.observe, before_step=before_step)
 
     @property
     def max_model_len(self) -> int:
@@ -254,8 +254,10 @@ def create_app(
     api_key: str | None = None,
     max_waiting: int | None = 512,
     max_body_bytes: int = MAX_BODY_BYTES,
+    before_step: Callable[[], None] | None = None,
 ) -> FastAPI:
-    server = Server(llm, model_name, max_waiting)
+    """`before_step`: called on the engine thread before each step (see AsyncEngine)."""
+    server = Server(llm, model_name, max_waiting, before_step)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

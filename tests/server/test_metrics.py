@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from tests.server.conftest import metric
+from llmpipe import LLM
+from tests.server.conftest import live_server, metric, paced
 
 NAMES = [
     "llmpipe:time_to_first_token_seconds_bucket",
@@ -75,10 +76,12 @@ def test_counters_add_up_to_the_responses(tiny_url):
     assert delta["llmpipe:prefix_cache_hits_total"] == 3 * 2  # requests 2-4 reuse both full blocks
 
 
-def test_kv_usage_is_nonzero_while_a_request_runs(tiny_url):
+def test_kv_usage_is_nonzero_while_a_request_runs(tiny_path):
     body = {"prompt": [1, 2, 3], "max_tokens": 300, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{tiny_url}/v1/completions", json=body) as response:
-        lines = response.iter_lines()  # kept: a dropped iterator closes the stream, aborting the request
-        next(lines)
-        assert metric(tiny_url, "llmpipe:kv_cache_usage_perc") > 0
-        assert metric(tiny_url, "llmpipe:num_requests_running") == 1
+    # its own engine (the module's server steps tiny_llm's), paced: 300 tokens take 15 s
+    with live_server(LLM(tiny_path, progress=False), before_step=paced()) as url:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body) as response:
+            lines = response.iter_lines()  # kept: a dropped iterator closes the stream, aborting the request
+            next(lines)
+            assert metric(url, "llmpipe:kv_cache_usage_perc") > 0
+            assert metric(url, "llmpipe:num_requests_running") == 1

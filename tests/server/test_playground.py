@@ -36,7 +36,7 @@ def browser():
 
 def test_typed_message_gets_a_streamed_reply_with_timing(browser, tiny_url):
     browser.get(f"{tiny_url}/")
-    WebDriverWait(browser, 20).until(lambda b: b.find_element(By.ID, "model").text == "tiny")
+    WebDriverWait(browser, 120).until(lambda b: b.find_element(By.ID, "model").text == "tiny")
     for field, value in (("max-tokens", MAX_TOKENS), ("temperature", 0)):
         box = browser.find_element(By.ID, field)
         box.clear()
@@ -44,7 +44,7 @@ def test_typed_message_gets_a_streamed_reply_with_timing(browser, tiny_url):
     browser.execute_script(COUNT_UPDATES)
     browser.find_element(By.ID, "prompt").send_keys(MESSAGE, Keys.ENTER)
 
-    timing = WebDriverWait(browser, 60).until(lambda b: b.find_element(By.CSS_SELECTOR, ".timing").text or None)
+    timing = WebDriverWait(browser, 120).until(lambda b: b.find_element(By.CSS_SELECTOR, ".timing").text or None)
     reply = browser.find_element(By.CSS_SELECTOR, ".msg.assistant").text
     expected = httpx.post(
         f"{tiny_url}/v1/chat/completions",

@@ -1,5 +1,8 @@
 """`llmpipe serve` on SIGTERM / SIGINT: a request that finishes within --shutdown-timeout finishes; one
-that would not gets an error event and [DONE]; the process exits 0 without a traceback."""
+that would not gets an error event and [DONE]; the process exits 0 without a traceback.
+
+The server runs paced (each engine step takes at least STEP_DELAY_S), so the long request cannot
+finish within the drain on any machine, and the short one has seconds to spare."""
 
 from __future__ import annotations
 
@@ -13,6 +16,17 @@ import time
 
 import httpx
 import pytest
+
+from tests.server.conftest import STEP_DELAY_S
+
+SHUTDOWN_TIMEOUT_S = 4  # the short request's 8 tokens need ~0.4 s of it; the long one's 1,000 need 50 s
+# `llmpipe serve`, with each engine step paced by a sleep
+PACED_SERVE = f"""
+import sys, time
+from llmpipe.cli import build_parser
+from llmpipe.server.cli import run_serve
+run_serve(build_parser().parse_args(sys.argv[1:]), before_step=lambda: time.sleep({STEP_DELAY_S}))
+"""
 
 
 def free_port() -> int:
@@ -34,8 +48,8 @@ def stream(url: str, max_tokens: int, started: threading.Event, events: list) ->
 def test_shutdown_finishes_short_requests_and_ends_long_ones_cleanly(tiny_path, sig):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    args = ["serve", "--model", tiny_path, "--port", str(port), "--shutdown-timeout", "2"]
-    server = subprocess.Popen([sys.executable, "-m", "llmpipe.cli", *args], stderr=subprocess.PIPE, text=True)
+    args = ["serve", "--model", tiny_path, "--port", str(port), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    server = subprocess.Popen([sys.executable, "-c", PACED_SERVE, *args], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
