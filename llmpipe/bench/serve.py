@@ -16,7 +16,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator
+from typing import AsyncIterator, Awaitable, Callable
 
 import httpx
 import numpy as np
@@ -43,11 +43,13 @@ class RequestResult:
         return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
-async def poisson_arrivals(n: int, rate: float, rng: random.Random) -> AsyncIterator[int]:
+async def poisson_arrivals(
+    n: int, rate: float, rng: random.Random, sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> AsyncIterator[int]:
     """Yield 0..n-1, each after an exponential gap of mean 1/rate seconds (none when rate is inf)."""
     for i in range(n):
         if i and math.isfinite(rate):
-            await asyncio.sleep(rng.expovariate(rate))
+            await sleep(rng.expovariate(rate))
         yield i
 
 
