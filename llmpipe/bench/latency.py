@@ -32,11 +32,13 @@ class Variant:
     quantization: str | None = None  # None: float weights in `dtype`; "auto": a GGUF's Q4/Q8 kept as stored
     kv_cache_dtype: str = "auto"
     tensor_parallel_size: int = 1  # > 1: the machine's threads are shared out among the ranks
+    activation_quantization: str | None = None  # "int8": the integer-dot kernels
 
     def engine_options(self, group_size: int) -> dict:
         return dict(dtype=self.dtype, kv_cache=self.kv_cache, quantization=self.quantization,
                     group_size=group_size, kv_cache_dtype=self.kv_cache_dtype,
-                    tensor_parallel_size=self.tensor_parallel_size)
+                    tensor_parallel_size=self.tensor_parallel_size,
+                    activation_quantization=self.activation_quantization)
 
 
 TTFT_TRIALS = 3  # TTFT is the best of a few prefills (distinct prompts, so no prefix-cache hit)
@@ -123,6 +125,7 @@ VARIANTS = {
     "int8": Variant("int8", quantization="int8"),
     "int4": Variant("int4", quantization="int4"),
     "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # Q4_0 / Q4_1 / Q8_0 kept as stored
+    "gguf int8-act": Variant("gguf int8-act", dtype="auto", quantization="auto", activation_quantization="int8"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
     "kv-int4": Variant("kv-int4", kv_cache_dtype="int4"),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
@@ -171,12 +174,30 @@ def run(args) -> dict:
         else:
             steps.set_postfix_str(variant.name)
             report["results"].append(bench_variant(args, variant, prompts))
+    if args.peer == "llama.cpp":
+        report["results"].append(bench_llama_cpp(args, Path(path), report["threads"]))
     add_ratios(report, f32_bytes)
     return report
 
 
+def bench_llama_cpp(args, path: Path, threads: int) -> dict:
+    """llama-bench on the same file: pp`prompt_len` and tg`n` (from an empty context, as llama-bench
+    runs it; ours decode after a 16-token prompt), its own repetitions' mean."""
+    from llmpipe.bench import peers
+
+    if path.suffix != ".gguf":
+        raise peers.PeerUnavailableError(f"--peer llama.cpp needs a GGUF model; {path} is not one")
+    result: dict = {"variant": f"llama.cpp (llama-bench -t {threads})", "peer": True}
+    for n in args.output_lens:
+        rates = peers.llama_bench(path, threads, args.prompt_len, n)
+        result[f"decode_{n}"] = rates[f"tg{n}"]
+        result["ttft_s"] = args.prompt_len / rates[f"pp{args.prompt_len}"]
+    return result
+
+
 def add_ratios(report: dict, f32_bytes: int) -> None:
     baseline = next((r for r in report["results"] if r["variant"].startswith("transformers")), None)
+    peer = next((r for r in report["results"] if r.get("peer")), None)
     bandwidth = report["memory_bandwidth_GBps"] * 1e9
     for r in report["results"]:
         roof = roofline.decode_roofline_tokens_per_s(r.get("weight_bytes", f32_bytes), bandwidth)
@@ -189,6 +210,12 @@ def add_ratios(report: dict, f32_bytes: int) -> None:
                     r[f"decode_{n}_vs_transformers"] = rate / baseline[f"decode_{n}"]
         if baseline and r.get("ttft_s") and baseline.get("ttft_s"):
             r["ttft_speedup_vs_transformers"] = baseline["ttft_s"] / r["ttft_s"]
+        if peer:
+            for n in report["output_lens"]:
+                if r.get(f"decode_{n}") and peer.get(f"decode_{n}"):
+                    r[f"decode_{n}_vs_llama_cpp"] = r[f"decode_{n}"] / peer[f"decode_{n}"]
+            if r.get("ttft_s"):
+                r["prefill_vs_llama_cpp"] = peer["ttft_s"] / r["ttft_s"]
     cached = next((r for r in report["results"] if r["variant"] == "float32"), None)
     recompute = next((r for r in report["results"] if r["variant"] == "float32 no-kv-cache"), None)
     if cached and recompute:
@@ -206,9 +233,10 @@ def add_ratios(report: dict, f32_bytes: int) -> None:
 def latency_table(report: dict) -> str:
     lens = report["output_lens"]
     batch_key = next((k for k in report["results"][0] if k.startswith("batch_") and k.endswith("_per_s")), None)
-    header = ["variant", "weights MB", f"TTFT {report['prompt_len']} (ms)"]
+    peer = any(r.get("peer") for r in report["results"])
+    header = ["variant", "weights MB", f"TTFT {report['prompt_len']} (ms)"] + (["prefill vs llama.cpp"] if peer else [])
     for n in lens:
-        header += [f"decode@{n} tok/s", "vs f32", "vs HF", "of roofline"]
+        header += [f"decode@{n} tok/s", "vs f32", "vs HF", "of roofline"] + (["vs llama.cpp"] if peer else [])
     if batch_key:
         header += [f"batch-{batch_key.split('_')[1]} tok/s", "vs f32"]
     rows = [header]
@@ -216,6 +244,8 @@ def latency_table(report: dict) -> str:
         ttft = r.get("ttft_s")
         weights = r.get("weight_bytes")
         row = [r["variant"], f"{weights / 1e6:.0f}" if weights else "-", f"{ttft * 1000:.0f}" if ttft else "-"]
+        if peer:
+            row.append(f"{r['prefill_vs_llama_cpp']:.2f}x" if "prefill_vs_llama_cpp" in r else "-")
         for n in lens:
             rate = r.get(f"decode_{n}")
             mark = "~" if r.get(f"decode_{n}_estimated") else ""
@@ -224,7 +254,7 @@ def latency_table(report: dict) -> str:
                 f"{r[f'decode_{n}_vs_float32']:.2f}x" if f"decode_{n}_vs_float32" in r else "-",
                 f"{r[f'decode_{n}_vs_transformers']:.2f}x" if f"decode_{n}_vs_transformers" in r else "-",
                 f"{r[f'decode_{n}_vs_roofline']:.0%}" if f"decode_{n}_vs_roofline" in r else "-",
-            ]
+            ] + ([f"{r[f'decode_{n}_vs_llama_cpp']:.2f}x" if f"decode_{n}_vs_llama_cpp" in r else "-"] if peer else [])
         if batch_key:
             rate, ratio = r.get(batch_key), r.get(f"{batch_key}_vs_float32")
             row += [f"{rate:.1f}" if rate else "-", f"{ratio:.2f}x" if ratio else "-"]

@@ -28,7 +28,8 @@ def load_shard(checkpoint: Checkpoint, config: EngineConfig, rank: int, world: i
         (name, shard_tensor(name, tensor, shard, plan.get(name)))
         for name, tensor in checkpoint.iter_weights(progress=progress, plan=plan)
     )
-    model = build_model(shard.model_config(config.model_config), weights, config.torch_dtype, config.device, plan)
+    model = build_model(shard.model_config(config.model_config), weights, config.torch_dtype, config.device, plan,
+                        config.activation_quantization)
     return parallelize(model, shard.vocab, [len(s.vocab) for s in shards])
 
 

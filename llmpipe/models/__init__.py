@@ -13,7 +13,7 @@ from llmpipe.layers.rotary import RotaryEmbedding
 from llmpipe.models.deepseek_v4 import DeepseekV4ForCausalLM
 from llmpipe.models.gemma3 import Gemma3ForCausalLM
 from llmpipe.models.llama import LlamaForCausalLM
-from llmpipe.quant.apply import QuantPlan, module_plan, quantize_linears
+from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
 
 if TYPE_CHECKING:
@@ -32,9 +32,11 @@ def build_model(
     dtype: torch.dtype,
     device: str | torch.device,
     plan: QuantPlan | None = None,
+    activation_quantization: str | None = None,
 ) -> nn.Module:
     """Allocate the model once on the target device (no random init), then copy the weights in.
-    `plan` (checkpoint name → format) swaps those linear layers for quantized ones first."""
+    `plan` (checkpoint name → format) swaps those linear layers for quantized ones first;
+    `activation_quantization` as EngineConfig's."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise UnsupportedModelError(
@@ -49,6 +51,7 @@ def build_model(
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()
     model.load_weights(weights)
+    quantize_activations(model, activation_quantization)
     return model.eval().requires_grad_(False)
 
 
@@ -56,7 +59,7 @@ def load_model(checkpoint: "Checkpoint", config: EngineConfig, progress: bool = 
     """The checkpoint's model in config's dtype, device and weight quantization."""
     plan = checkpoint.quant_plan(config.weight_quantization, config.group_size)
     weights = checkpoint.iter_weights(progress=progress, plan=plan)
-    return build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan)
+    return build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan, config.activation_quantization)
 
 
 def resident_bytes(model: nn.Module) -> int:

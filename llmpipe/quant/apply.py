@@ -8,14 +8,17 @@ already is.
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 from torch import nn
 
 from llmpipe.layers.linear import Linear
+from llmpipe.quant import kernels
 from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
 
+logger = logging.getLogger(__name__)
 WeightFormat = tuple[str, int | None]
 QuantPlan = dict[str, WeightFormat | None]  # checkpoint name → format (None: float)
 # Linear weights by checkpoint name: Hugging Face's "…proj.weight", and DeepSeek V4's own names for its
@@ -96,3 +99,17 @@ def quantize_linears(model: nn.Module, plan: dict[str, WeightFormat], dtype: tor
         embed = model.model.embed_tokens
         model.lm_head = new_quantized_linear(embed.embedding_dim, embed.num_embeddings, False, plan["lm_head"], dtype)
         model.model.embed_tokens = TiedQuantizedEmbedding(model.lm_head, dtype)
+
+
+def quantize_activations(model: nn.Module, activation_quantization: str | None) -> None:
+    """"int8": every quantized linear multiplies int8 activation blocks (the integer-dot kernels);
+    where those kernels cannot be built the layers keep float activations (after one warning)."""
+    if activation_quantization is None:
+        return
+    if not kernels.dot_available():
+        logger.warning("activation_quantization=%r: the integer-dot kernels are not available; "
+                       "activations stay float32", activation_quantization)
+        return
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            module.int8_activations = True

@@ -1,4 +1,7 @@
-"""The low-bit decode kernels (kernels/csrc/lowbit_linear.c), called via ctypes.
+"""The low-bit decode kernels, called via ctypes: float activations (kernels/csrc/lowbit_linear.c,
+the exact path) or int8-quantized activation blocks with integer dot products
+(kernels/csrc/lowbit_dot.c, the fast path, as llama.cpp computes; `reference_q8_linear` is its
+PyTorch reference).
 
 PyTorch 2.13's CPU low-bit kernels (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) are
 fast on this kind of CPU only with bfloat16 activations, and return bfloat16: measured on
@@ -20,6 +23,13 @@ _library = KernelLibrary(
     int4_linear=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64],
     int8_linear=[PTR, PTR, PTR, PTR, I64, I64, I64, I64],
 )
+_dot_library = KernelLibrary(
+    "lowbit_dot",
+    int4_linear_q8=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64],
+    int8_linear_q8=[PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64],
+    has_vnni=[],
+)
+Q8_BLOCK = 32  # activation elements sharing one int8 scale
 
 
 def available() -> bool:
@@ -41,4 +51,58 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group
     _library().int8_linear(
         x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group
     )
+    return y
+
+
+def dot_available() -> bool:
+    return _dot_library() is not None
+
+
+def dot_isas() -> list[int]:
+    """The integer-dot code paths this CPU runs: 0 (AVX2) and, with AVX512-VNNI, 1."""
+    return [0, 1] if dot_available() and _dot_library().has_vnni() else [0]
+
+
+def int4_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
+                   isa: int = 1) -> torch.Tensor:
+    """As int4_linear, with x quantized to int8 blocks (`isa` 0 forces the AVX2 path)."""
+    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+    _dot_library().int4_linear_q8(
+        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), offset.data_ptr(), y.data_ptr(),
+        x.shape[0], codes.shape[0], x.shape[1], group, isa,
+    )
+    return y
+
+
+def int8_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, isa: int = 1) -> torch.Tensor:
+    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
+    _dot_library().int8_linear_q8(
+        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group, isa
+    )
+    return y
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 → (codes [M, K] as float, integers in [-127, 127]; scales [M, K / 32]):
+    per block of 32, scale = max|x| / 127 and code = round-half-even(x * (127 / max|x|)), the float32
+    arithmetic the kernel does."""
+    blocks = x.view(x.shape[0], -1, Q8_BLOCK)
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    return torch.round(blocks * inv[..., None]).flatten(1), amax / 127.0
+
+
+def reference_q8_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
+                        group: int) -> torch.Tensor:
+    """What the integer-dot kernels compute, in float64: weight_codes [N, K] unpacked integer codes,
+    scale / offset [N, groups]; the offset meets the exact sum of x over each group."""
+    q, d = quantize_activations(x)
+    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, Q8_BLOCK),
+                        weight_codes.double().view(weight_codes.shape[0], -1, Q8_BLOCK))
+    chunk_group = torch.arange(dots.shape[-1]) * Q8_BLOCK // group
+    y = (dots * d.double()[:, None, :] * scale.double()[None, :, chunk_group]).sum(-1)
+    if offset is not None:
+        group_sums = torch.zeros(x.shape[0], offset.shape[1], dtype=torch.float64)
+        group_sums.index_add_(1, torch.arange(x.shape[1]) // group, x.double())
+        y += group_sums @ offset.double().T
     return y

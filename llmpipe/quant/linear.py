@@ -55,6 +55,9 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.shard_sizes: tuple[int, ...] = (out_features,)
         self._staged: dict[int, QuantizedWeight] = {}
+        # Decode rows quantized to int8 blocks and multiplied with integer dot products (fast,
+        # approximate: see quantize_activations); False keeps float activations (exact).
+        self.int8_activations = False  # set by quant.apply.quantize_activations (the dot kernels exist)
 
     @property
     def num_groups(self) -> int:
@@ -69,7 +72,10 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.kernel_input(x)
-        if x.shape[0] > KERNEL_MAX_BATCH or x.device.type != "cpu" or not kernels.available():
+        # int8 activations take every row count through the integer kernel, prefill too: the cache
+        # that decode reads was then computed with the same numerics.
+        many_rows = x.shape[0] > KERNEL_MAX_BATCH and not self.int8_activations
+        if many_rows or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -132,6 +138,8 @@ class Int8Linear(QuantizedLinear):
         self.scale.copy_(torch.cat([s.scale.reshape(s.q.shape[0], -1) for s in shards]))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations:
+            return kernels.int8_linear_q8(x, self.q, self.scale, self.group_size)
         return kernels.int8_linear(x, self.q, self.scale, self.group_size)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -170,6 +178,8 @@ class Int4Linear(QuantizedLinear):
         return super().kernel_input(x if self.in_perm is None else x.index_select(1, self.in_perm))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8_activations:
+            return kernels.int4_linear_q8(x, self.codes, self.scale, self.offset, self.group_size)
         return kernels.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:

