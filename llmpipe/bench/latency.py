@@ -187,11 +187,12 @@ def bench_llama_cpp(args, path: Path, threads: int) -> dict:
 
     if path.suffix != ".gguf":
         raise peers.PeerUnavailableError(f"--peer llama.cpp needs a GGUF model; {path} is not one")
-    result: dict = {"variant": f"llama.cpp (llama-bench -t {threads})", "peer": True}
+    result: dict = {"variant": f"llama.cpp (llama-bench -t {threads})", "peer": True, "weight_bytes": path.stat().st_size}
     for n in args.output_lens:
         rates = peers.llama_bench(path, threads, args.prompt_len, n)
         result[f"decode_{n}"] = rates[f"tg{n}"]
         result["ttft_s"] = args.prompt_len / rates[f"pp{args.prompt_len}"]
+        result["llama_bench"] = rates
     return result
 
 

@@ -15,7 +15,11 @@ import torch
 
 from llmpipe.kernels.build import I64, PTR, KernelLibrary
 
-_library = KernelLibrary("paged_attention", paged_decode_attention=[PTR] * 5 + [I64] * 7 + [ctypes.c_float, I64])
+_library = KernelLibrary(
+    "paged_attention",
+    paged_decode_attention=[PTR] * 5 + [I64] * 7 + [ctypes.c_float, I64],
+    rope_write_decode_attention=[PTR] * 8 + [I64] * 7 + [ctypes.c_float, I64],
+)
 
 
 def usable(q: torch.Tensor, kv_cache) -> bool:
@@ -41,3 +45,33 @@ def paged_decode_attention(
         batch, heads, kv_heads, head_dim, num_blocks, block_size, tables.shape[1], scale, window or 0,
     )
     return out
+
+
+def rope_write_decode_attention(
+    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta, num_heads: int,
+    scale: float, window: int | None,
+) -> torch.Tensor:
+    """A decode-only step's attention in one call: heads [B, H + 2 KVH, D] (the qkv projection,
+    rotated in place), RoPE with cos / sin [B, 1, D], K/V written at meta.slot_mapping, then the
+    decode kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
+    batch, _, head_dim = heads.shape
+    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    tables, lens = meta.decode_block_tables, meta.decode_context_lens
+    out = torch.empty(batch, num_heads * head_dim)
+    _library().rope_write_decode_attention(
+        heads.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache.data_ptr(), meta.slot_mapping.data_ptr(),
+        tables.data_ptr(), lens.data_ptr(), out.data_ptr(), batch, num_heads, kv_heads, head_dim, num_blocks,
+        block_size, tables.shape[1], scale, window or 0,
+    )
+    return out
+
+
+def fused_decode_usable(heads: torch.Tensor, cos: torch.Tensor, kv_cache, meta) -> bool:
+    """A decode-only batch (no prefill chunk, one row per sequence) on a float32 cache, with int64
+    tables, contiguous float32 heads and rotary tables."""
+    return (
+        not meta.prefills and meta.num_decodes == heads.shape[0] and heads.is_contiguous() and cos.is_contiguous()
+        and cos.dtype == torch.float32 and usable(heads, kv_cache) and meta.slot_mapping.dtype == torch.int64
+        and meta.decode_block_tables.dtype == torch.int64 and meta.decode_block_tables.is_contiguous()
+        and meta.decode_context_lens.dtype == torch.int64
+    )

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmpipe.config import ModelConfig
+from llmpipe.layers import attention_kernel
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear, linear
 from llmpipe.layers.norm import RMSNorm
@@ -49,6 +50,11 @@ class LlamaAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [T, q heads + k heads + v heads, D]
+        if self.q_norm is None and attention_kernel.fused_decode_usable(heads, rope[0], kv_cache, meta):
+            # decode: RoPE, the K/V write and attention in one C call (the ops below, ~20 of them)
+            out = attention_kernel.rope_write_decode_attention(heads, *rope, kv_cache, meta, self.num_heads, self.scale,
+                                                               self.window)
+            return self.o_proj(out)
         qk, v = heads[:, : self.num_heads + self.num_kv_heads], heads[:, self.num_heads + self.num_kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1)

@@ -57,3 +57,36 @@ def test_mixed_decode_and_prefill_batch_matches_reference(window, heads, kernel,
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     flat = kv_cache.flatten(1, 2)
     torch.testing.assert_close(flat[0, torch.tensor(slots)], k)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_fused_rope_write_decode_equals_rotary_then_paged_attention(window):
+    """One C call for a decode-only step: the same cache writes (bit for bit: RoPE's products are
+    not contracted into FMAs) and the same attention as apply_rotary + paged_attention."""
+    from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
+
+    if attention_kernel._library() is None:
+        pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
+    HEADS, KV_HEADS, DIM = 9, 3, 64
+    torch.manual_seed(0)
+    kv_cache = torch.randn(2, NUM_BLOCKS, BLOCK, KV_HEADS, DIM)
+    rotary = RotaryEmbedding(DIM, 256, 10000.0, None)
+    rotary.reset_tables()
+    lens = [9, 2, 17]
+    tables = [[5, 9, 1], [7, 0, 0], [2, 3, 4, 6, 8]]
+    width = max(map(len, tables))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, lens)]),
+        num_decodes=3, decode_block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables]),
+        decode_context_lens=torch.tensor(lens), prefills=[], decode_max_len=max(lens), decode_same_len=False,
+    )
+    heads = torch.randn(3, HEADS + 2 * KV_HEADS, DIM)
+    cos, sin = rotary.tables(torch.tensor(lens) - 1, torch.float32)
+    assert attention_kernel.fused_decode_usable(heads, cos, kv_cache, meta)
+    expected_cache = kv_cache.clone()
+    qk = apply_rotary(heads[:, : HEADS + KV_HEADS], cos, sin)
+    q, k = qk.split([HEADS, KV_HEADS], dim=1)
+    expected = paged_attention(q, k, heads[:, HEADS + KV_HEADS :], expected_cache, meta, 0.125, window)
+    got = attention_kernel.rope_write_decode_attention(heads.clone(), cos, sin, kv_cache, meta, HEADS, 0.125, window)
+    assert torch.equal(kv_cache, expected_cache)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

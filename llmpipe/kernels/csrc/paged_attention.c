@@ -64,3 +64,39 @@ void paged_decode_attention(const float *q, const float *cache, const int64_t *b
         free(p);
     }
 }
+
+/* RoPE (rotate-half) of one head vector in place, as PyTorch's x * cos + rotate_half(x) * sin: two
+ * products and one add per element, never contracted into an FMA, so the bits are PyTorch's. */
+__attribute__((optimize("fp-contract=off"))) static void rotate_half(float *x, const float *cos, const float *sin,
+                                                                      int64_t D, float *tmp) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < D; i++) {
+        float partner = i < half ? -x[i + half] : x[i - half];
+        float a = x[i] * cos[i], b = partner * sin[i];
+        tmp[i] = a + b;
+    }
+    memcpy(x, tmp, sizeof(float) * D);
+}
+
+/* A decode-only batch's attention in one call: qkv [B, H + 2 KVH, D] (the fused projection's
+ * output, rotated in place), RoPE on q and k heads with cos / sin [B, D], k and v written to the
+ * cache at slots[b], then paged_decode_attention on the rotated queries → out [B, H × D]. */
+void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
+                                 const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
+                                 int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
+                                 float scale, int64_t window) {
+    const int64_t row = (H + 2 * KVH) * D, token_stride = KVH * D, block_stride = block_size * token_stride;
+    float *q = malloc(sizeof(float) * B * H * D), *tmp = malloc(sizeof(float) * D);
+    for (int64_t b = 0; b < B; b++) {
+        float *heads = qkv + b * row;
+        for (int64_t h = 0; h < H + KVH; h++) rotate_half(heads + h * D, cos + b * D, sin + b * D, D, tmp);
+        memcpy(q + b * H * D, heads, sizeof(float) * H * D);
+        memcpy(cache + slots[b] * token_stride, heads + H * D, sizeof(float) * token_stride);
+        memcpy(cache + num_blocks * block_stride + slots[b] * token_stride, heads + (H + KVH) * D,
+               sizeof(float) * token_stride);
+    }
+    paged_decode_attention(q, cache, block_tables, lens, out, B, H, KVH, D, num_blocks, block_size, table_width,
+                           scale, window);
+    free(q);
+    free(tmp);
+}
