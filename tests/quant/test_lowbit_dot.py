@@ -89,8 +89,12 @@ def test_int8_activations_reach_every_quantized_layer_in_prefill_and_decode(tiny
     llm = LLM(path, progress=False, quantization=quantization, group_size=32, activation_quantization="int8")
     calls: dict[str, list] = {}
     layers = {name: m for name, m in llm.engine.model.named_modules() if isinstance(m, QuantizedLinear)}
+
+    def record(name):  # copies: decode attention rotates the qkv output in place
+        return lambda module, args, out: calls.setdefault(name, []).append((args[0].clone(), out.clone()))
+
     for name, module in layers.items():
-        module.register_forward_hook(lambda m, args, out, name=name: calls.setdefault(name, []).append((args[0], out)))
+        module.register_forward_hook(record(name))
     params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
     llm.generate([{"prompt_token_ids": [1, 17, 42, 99, 123, 250, 7, 8, 9, 10] * 5}], params, use_tqdm=False)
     assert set(calls) == set(layers) and len(layers) == 2 * 4 + 1

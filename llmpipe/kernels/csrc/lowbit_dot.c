@@ -162,14 +162,6 @@ static int use_vnni(void) {
 
 int has_vnni(void) { return use_vnni(); }
 
-#define FOR_ROWS(M, CALL)                                   \
-    switch (M) {                                            \
-    case 1: CALL(1); break; case 2: CALL(2); break;         \
-    case 3: CALL(3); break; case 4: CALL(4); break;         \
-    case 5: CALL(5); break; case 6: CALL(6); break;         \
-    case 7: CALL(7); break; default: CALL(8); break;        \
-    }
-
 /* The loop over output rows, once per ISA (so each row function inlines with its rows unrolled). */
 #define DEFINE_INT4_LINEAR(NAME, ATTR, ROW)                                                             \
     ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const uint8_t *codes,   \

@@ -159,14 +159,6 @@ static inline void int8_pair(const float *x, const int8_t *row, const float *sca
     y[1] = hsum(acc1);
 }
 
-#define FOR_ROWS(M, CALL)                                   \
-    switch (M) {                                            \
-    case 1: CALL(1); break; case 2: CALL(2); break;         \
-    case 3: CALL(3); break; case 4: CALL(4); break;         \
-    case 5: CALL(5); break; case 6: CALL(6); break;         \
-    case 7: CALL(7); break; default: CALL(8); break;        \
-    }
-
 void int4_linear(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
                  int64_t M, int64_t N, int64_t K, int64_t group) {
     const int64_t G = num_groups(K, group);

@@ -9,3 +9,12 @@ static inline float hsum(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+
+/* CALL(MR) for the row count M (1..8) as a literal, so loops over rows unroll at every call site. */
+#define FOR_ROWS(M, CALL)                                   \
+    switch (M) {                                            \
+    case 1: CALL(1); break; case 2: CALL(2); break;         \
+    case 3: CALL(3); break; case 4: CALL(4); break;         \
+    case 5: CALL(5); break; case 6: CALL(6); break;         \
+    case 7: CALL(7); break; default: CALL(8); break;        \
+    }
