@@ -55,9 +55,9 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.shard_sizes: tuple[int, ...] = (out_features,)
         self._staged: dict[int, QuantizedWeight] = {}
-        # Decode rows quantized to int8 blocks and multiplied with integer dot products (fast,
-        # approximate: see quantize_activations); False keeps float activations (exact).
-        self.int8_activations = False  # set by quant.apply.quantize_activations (the dot kernels exist)
+        # True: rows are quantized to int8 blocks and meet the codes in integer dot products (fast,
+        # approximate; set by quant.apply.quantize_activations); False: float activations (exact).
+        self.int8_activations = False
 
     @property
     def num_groups(self) -> int:
