@@ -59,7 +59,7 @@ static inline __m256 dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum o
 #define DEFINE_ROW_AVX2(NAME, WEIGHT_T, ROW_BYTES, DOT)                                                   \
     static inline __attribute__((always_inline)) void NAME(                                              \
         const WEIGHT_T *row, const float *scale, const int8_t *qx, const float *dx, int64_t K, int64_t group, \
-        const int32_t *cg, float *out, const int MR) {                                                                     \
+        const int32_t *cg, float *out, const int MR, const float *offset, const float *xsum) {          \
         const int64_t G = num_groups(K, group), B = K / BLOCK;                                           \
         __m256 acc[8][2];                                                                                \
         for (int m = 0; m < MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();                        \
@@ -71,8 +71,11 @@ static inline __m256 dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum o
                 acc[m][c & 1] = _mm256_fmadd_ps(DOT(xq), _mm256_set1_ps(s * dx[m * B + c]), acc[m][c & 1]); \
             }                                                                                            \
         }                                                                                                \
-        for (int m = 0; m < MR; m++) out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));                 \
-        (void)G;                                                                                         \
+        for (int m = 0; m < MR; m++) {                                                                   \
+            out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));                                          \
+            if (offset) /* INT4's offset term */                                                         \
+                for (int64_t g = 0; g < G; g++) out[m] += offset[g] * xsum[m * G + g];                   \
+        }                                                                                                \
     }
 
 #define INT4_AVX2_PREPARE(p) const __m256i w = int4_codes((const uint8_t *)(p))
@@ -162,50 +165,35 @@ static int use_vnni(void) {
 
 int has_vnni(void) { return use_vnni(); }
 
-/* The loop over output rows, once per ISA (so each row function inlines with its rows unrolled). */
+/* The loop over output rows, once per ISA (so each row function inlines with its rows unrolled).
+ * OFFSET is INT4's offset row (NULL for INT8). */
+#define ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                                \
+    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                      \
+        float out[8];                                                                                   \
+        ROW(codes + n * (ROW_BYTES), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum);       \
+        for (int m = 0; m < MR; m++) y[m * N + n] = out[m];                                             \
+    }
+#define INT4_ROWS(ROW) INT4_ROWS_##ROW
+#define INT4_ROWS_int4_row_avx2(MR) ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
+#define INT4_ROWS_int4_row_vnni(MR) ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
+#define INT8_ROWS(ROW) INT8_ROWS_##ROW
+#define INT8_ROWS_int8_row_avx2(MR) ROWS(int8_row_avx2, MR, K, NULL)
+#define INT8_ROWS_int8_row_vnni(MR) ROWS(int8_row_vnni, MR, K, NULL)
+
 #define DEFINE_INT4_LINEAR(NAME, ATTR, ROW)                                                             \
     ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const uint8_t *codes,   \
                           const float *scale, const float *offset, float *y, int64_t M, int64_t N,      \
                           int64_t K, int64_t group, const int32_t *cg) {                                \
         const int64_t G = num_groups(K, group);                                                         \
-        FOR_ROWS(M, INT4_ROWS_OF(ROW))                                                                  \
+        FOR_ROWS(M, INT4_ROWS(ROW))                                                                     \
     }
-#define INT4_ROWS_OF(ROW) INT4_ROWS_##ROW
-#define INT4_ROWS_BODY(ROW, MR)                                                                         \
-    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                      \
-        float out[8];                                                                                   \
-        ROW(codes + n * (K / 2), scale + n * G, qx, dx, K, group, cg, out, MR);                             \
-        for (int m = 0; m < MR; m++) {                                                                  \
-            float off = 0.0f;                                                                           \
-            for (int64_t g = 0; g < G; g++) off += offset[n * G + g] * xsum[m * G + g];                 \
-            y[m * N + n] = out[m] + off;                                                                \
-        }                                                                                               \
-    }
-#define INT4_ROWS_int4_row_avx2(MR) INT4_ROWS_BODY(int4_row_avx2, MR)
-#define INT4_ROWS_int4_row_vnni(MR)                                                                     \
-    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                      \
-        float out[8];                                                                                   \
-        int4_row_vnni(codes + n * (K / 2), scale + n * G, qx, dx, K, group, cg, out, MR, offset + n * G, xsum); \
-        for (int m = 0; m < MR; m++) y[m * N + n] = out[m];                                             \
-    }
-
 #define DEFINE_INT8_LINEAR(NAME, ATTR, ROW)                                                             \
     ATTR static void NAME(const int8_t *qx, const float *dx, const int8_t *codes, const float *scale,   \
                           float *y, int64_t M, int64_t N, int64_t K, int64_t group, const int32_t *cg) { \
         const int64_t G = num_groups(K, group);                                                         \
-        FOR_ROWS(M, INT8_ROWS_OF(ROW))                                                                  \
+        const float *xsum = NULL;                                                                       \
+        FOR_ROWS(M, INT8_ROWS(ROW))                                                                     \
     }
-#define INT8_ROWS_OF(ROW) INT8_ROWS_##ROW
-#define INT8_ROWS_BODY(ROW, MR)                                                                         \
-    _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                      \
-        float out[8];                                                                                   \
-        ROW(codes + n * K, scale + n * G, qx, dx, K, group, cg, out, MR ROW##_EXTRA);                       \
-        for (int m = 0; m < MR; m++) y[m * N + n] = out[m];                                             \
-    }
-#define int8_row_avx2_EXTRA
-#define int8_row_vnni_EXTRA , NULL, NULL
-#define INT8_ROWS_int8_row_avx2(MR) INT8_ROWS_BODY(int8_row_avx2, MR)
-#define INT8_ROWS_int8_row_vnni(MR) INT8_ROWS_BODY(int8_row_vnni, MR)
 
 #define NO_ATTR
 DEFINE_INT4_LINEAR(int4_q8_avx2, NO_ATTR, int4_row_avx2)
