@@ -14,4 +14,13 @@ class UnsupportedModelError(ModelLoadError):
 
 
 class InvalidRequestError(LLMPipeError, ValueError):
-    """A request llmpipe refuses: invalid sampling values, a prompt over the context limit."""
+    """A request llmpipe refuses: invalid sampling values, a prompt over the context limit.
+
+    `param` names the request field at fault and `code` says what is wrong with it, as OpenAI's
+    error bodies do ("invalid_value", "context_length_exceeded", "unsupported_parameter", ...).
+    """
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = "invalid_value") -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code

@@ -67,11 +67,19 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         return self.generate([self.chat_prompt(c, add_generation_prompt) for c in conversations], sampling_params)
 
-    def chat_prompt(self, messages: Messages, add_generation_prompt: bool = True) -> dict:
+    def chat_prompt(
+        self,
+        messages: Messages,
+        add_generation_prompt: bool = True,
+        *,
+        add_special_tokens: bool = False,
+        template_kwargs: dict | None = None,
+    ) -> dict:
+        """The conversation as a prompt; `template_kwargs` are extra variables for the chat template."""
         tokenizer = self._require_tokenizer()
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-        # The template writes BOS itself where the model wants one; don't add another.
-        return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
+        # The template writes BOS itself where the model wants one; don't add another by default.
+        return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 
     def stream(self, prompt: PromptInput, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the text of the first sample as it decodes, in UTF-8-safe deltas."""

@@ -77,6 +77,7 @@ class CompletionOutput:
     stop_reason: Optional[int | str] = None  # the stop string or stop token id that ended it
     logprobs: Optional[list[dict[int, Logprob]]] = None
     cumulative_logprob: Optional[float] = None
+    error: Optional[str] = None  # with finish_reason "error": what failed, in words
 
     @property
     def finished(self) -> bool:

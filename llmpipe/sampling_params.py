@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from llmpipe.errors import InvalidRequestError
 
 _GREEDY_EPS = 1e-5
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for each logit_bias value
 
 
 def _check(ok: bool, name: str, rule: str, value: object) -> None:
     if not ok:
-        raise InvalidRequestError(f"{name} must be {rule}, got {value!r}")
+        raise InvalidRequestError(f"{name} must be {rule}, got {value!r}", param=name)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None  # token id → added to its logit before sampling
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -61,6 +63,15 @@ class SamplingParams:
         )
         _check(self.logprobs is None or self.logprobs >= 0, "logprobs", ">= 0", self.logprobs)
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", "non-empty strings", self.stop)
+        _check(all(isinstance(t, int) for t in self.stop_token_ids), "stop_token_ids", "integers", self.stop_token_ids)
+        bias = self.logit_bias or {}
+        _check(all(isinstance(t, int) for t in bias), "logit_bias", "keyed by token ids", self.logit_bias)
+        _check(
+            all(-MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for v in bias.values()),
+            "logit_bias",
+            f"values in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            self.logit_bias,
+        )
         _check(
             self.seed is None or (isinstance(self.seed, int) and -(2**63) <= self.seed < 2**63),
             "seed",
@@ -76,6 +87,13 @@ class SamplingParams:
     def uses_filters(self) -> bool:
         """Whether top-k, top-p or min-p cut the distribution."""
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Every token id the request names (stop ids, logit_bias keys) is in the model's vocabulary."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or ()))):
+            bad = [t for t in ids if not 0 <= t < vocab_size]
+            if bad:
+                raise InvalidRequestError(f"{name} must be token ids in [0, {vocab_size}), got {bad[0]!r}", param=name)
 
     @property
     def uses_penalties(self) -> bool:

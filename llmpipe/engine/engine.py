@@ -186,14 +186,17 @@ class LLMEngine:
         text, token_ids = self._tokenize(prompt)
         limit = self.config.max_model_len
         if not token_ids:
-            raise InvalidRequestError("prompt is empty")
+            raise InvalidRequestError("prompt is empty", param="prompt")
         if len(token_ids) >= limit:
             raise InvalidRequestError(
                 f"prompt has {len(token_ids)} tokens, over the context limit: at most {limit - 1} "
-                f"leave room for one generated token (max_model_len={limit})"
+                f"leave room for one generated token (max_model_len={limit})",
+                param="prompt",
+                code="context_length_exceeded",
             )
         if params.stop_list and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this model has none")
+            raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
+        params.check_token_ids(self.config.model_config.vocab_size)
         sequences = [self._new_sequence(request_id, i, token_ids, params) for i in range(params.n)]
         self.requests[request_id] = Request(request_id, text, token_ids, params, sequences)
         self.scheduler.add(sequences[0])
@@ -226,7 +229,7 @@ class LLMEngine:
         vocab = self.config.model_config.vocab_size
         bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
-            raise InvalidRequestError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[0]!r}")
+            raise InvalidRequestError(f"prompt_token_ids must be integers in [0, {vocab}), got {bad[0]!r}", param="prompt")
         return ids
 
     def _new_sequence(self, request_id: str, index: int, token_ids: list[int], params: SamplingParams) -> Sequence:
@@ -344,14 +347,16 @@ class LLMEngine:
             return set()
         emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
         plain = [i for i, seq in enumerate(seqs) if seq not in proposals]
-        if plain:
-            result = sample(logits[[spans[i][0] for i in plain]], [self._sampling_row(seqs[i]) for i in plain])
-            for i, token, logprobs in zip(plain, result.token_ids, result.logprobs):
-                emitted[i] = ([token], [logprobs])
+        for i, sampled in self._sample_each_or_alone(logits, [spans[i][0] for i in plain], [seqs[i] for i in plain]):
+            emitted[plain[i]] = sampled
         for i, seq in enumerate(seqs):
             if seq in proposals:
                 start, width = spans[i]
-                emitted[i] = self._verify(seq, logits[start : start + width], proposals[seq])
+                try:
+                    emitted[i] = self._verify(seq, logits[start : start + width], proposals[seq])
+                except Exception:
+                    logger.exception("request %s failed verifying its drafts; the others go on", seq.request_id)
+                    seq.fail("the engine failed verifying this request's speculative tokens")
         now = time.perf_counter()
         touched: set[str] = set()
         for seq, (tokens, logprobs) in zip(seqs, emitted):
@@ -367,6 +372,26 @@ class LLMEngine:
             if seq.finished:
                 self._release(seq)
         return touched
+
+    def _sample_each_or_alone(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]):
+        """(i, ([token], [logprobs])) for each seqs[i], sampled from logits[rows[i]] in one batch. If
+        the batch raises, each row is sampled alone so that only the sequences at fault fail."""
+        if not seqs:
+            return []
+        try:
+            result = sample(logits[rows], [self._sampling_row(seq) for seq in seqs])
+            return [(i, ([token], [lp])) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))]
+        except Exception:
+            logger.exception("sampling a batch of %d failed; sampling each sequence alone", len(seqs))
+        sampled = []
+        for i, (row, seq) in enumerate(zip(rows, seqs)):
+            try:
+                result = sample(logits[[row]], [self._sampling_row(seq)])
+                sampled.append((i, (result.token_ids, result.logprobs)))
+            except Exception:
+                logger.exception("request %s failed sampling; the others go on", seq.request_id)
+                seq.fail("the engine failed sampling this request's next token")
+        return sampled
 
     def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> tuple[list[int], list]:
         """Rejection-sample the drafts against the target's rows; the accepted ones plus one more token."""
@@ -390,7 +415,7 @@ class LLMEngine:
                 self._append_token(seq, token)
             except Exception:  # one sequence's fault (its detokenizer, stop strings) must not sink the batch
                 logger.exception("request %s failed; the others go on", seq.request_id)
-                seq.finish_reason, seq.status = "error", SequenceStatus.FINISHED
+                seq.fail("the engine failed turning this request's tokens into text")
             self.num_generation_tokens += 1
 
     def _keep_accepted(self, seq: Sequence, num_accepted: int) -> None:

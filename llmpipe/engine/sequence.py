@@ -39,6 +39,7 @@ class Sequence:
     text: str = ""
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None  # why it finished with "error"
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
 
@@ -68,6 +69,10 @@ class Sequence:
         if self.detokenizer is not None and self.detokenizer.stop_reason is None:
             self.text += self.detokenizer.finish()
 
+    def fail(self, error: str) -> None:
+        """End this sequence alone: one request's fault must not sink the batch it ran in."""
+        self.finish_reason, self.error, self.status = "error", error, SequenceStatus.FINISHED
+
     def to_output(self) -> CompletionOutput:
         return CompletionOutput(
             index=self.index,
@@ -77,6 +82,7 @@ class Sequence:
             stop_reason=self.stop_reason,
             logprobs=self.logprobs,
             cumulative_logprob=self.cumulative_logprob if self.logprobs is not None else None,
+            error=self.error,
         )
 
 

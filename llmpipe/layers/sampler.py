@@ -84,11 +84,15 @@ def topn_logprobs(raw: torch.Tensor, chosen: list[int], rows: Sequence[SamplingR
 
 
 def adjusted_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """float32 logits after penalties and the min_tokens bans: what every rule below starts from."""
+    """float32 logits after penalties, logit_bias and the min_tokens bans: what every rule below starts from."""
     logits = logits.float()
-    if any(r.params.uses_penalties or r.banned_token_ids for r in rows):
+    if any(r.params.uses_penalties or r.banned_token_ids or r.params.logit_bias for r in rows):
         logits = apply_penalties(logits.clone(), rows)
         for i, row in enumerate(rows):
+            if row.params.logit_bias:
+                ids = torch.tensor(list(row.params.logit_bias), dtype=torch.long, device=logits.device)
+                bias = torch.tensor(list(row.params.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+                logits[i].index_add_(0, ids, bias)
             if row.banned_token_ids:
                 logits[i, list(row.banned_token_ids)] = float("-inf")
     return logits

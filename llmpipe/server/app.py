@@ -2,32 +2,41 @@
 
 Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health, /metrics,
 /tokenize, /detokenize, and / (the playground page).
+
+Nothing heavy runs on the event loop: parsing and validating a body, chat templating, tokenizing
+and rendering a large reply run on a small worker pool (`Server.offload`), so one 7 MiB request
+never stalls /health or another client's stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
 
 from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
-from llmpipe.server.errors import ModelNotFoundError, error_body, install_error_handlers, status_of
+from llmpipe.server.errors import ModelNotFoundError, install_error_handlers, llmpipe_error_body
+from llmpipe.server.http import BODY_TIMEOUT_S
 from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import ChatFormat, CompletionFormat, Format, StreamState, stream_chunks
 from llmpipe.server.protocol import (
+    REQUESTS,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -36,7 +45,11 @@ from llmpipe.server.protocol import (
 )
 from llmpipe.tokenizer import Tokenizer
 
+logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 8 * 2**20
+API_WORKERS = 4  # threads that parse, template and tokenize requests off the event loop
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
+Body = TypeVar("Body", bound=BaseModel)
 router = APIRouter()
 
 
@@ -49,6 +62,7 @@ class Server:
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats)
         self.engine = AsyncEngine(llm.engine, max_waiting, on_output=self.metrics.observe, before_step=before_step)
+        self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
 
     @property
     def max_model_len(self) -> int:
@@ -61,7 +75,7 @@ class Server:
     def tokenizer(self) -> Tokenizer:
         tokenizer = self.llm.get_tokenizer()
         if tokenizer is None:
-            raise InvalidRequestError("this model has no tokenizer: send the prompt as token ids")
+            raise InvalidRequestError("this model has no tokenizer: send the prompt as token ids", param="prompt")
         return tokenizer
 
     def max_tokens(self, prompt_len: int, requested: int | None) -> int:
@@ -69,16 +83,110 @@ class Server:
         limit = self.max_model_len
         if requested is None:
             if prompt_len >= limit:
-                raise InvalidRequestError(f"the prompt has {prompt_len} tokens; max_model_len is {limit}")
+                raise InvalidRequestError(
+                    f"the prompt has {prompt_len} tokens; max_model_len is {limit}", code="context_length_exceeded"
+                )
             return limit - prompt_len
         if prompt_len + requested > limit:
             raise InvalidRequestError(
                 f"prompt ({prompt_len} tokens) + max_tokens ({requested}) = {prompt_len + requested} "
-                f"is over max_model_len ({limit})"
+                f"is over max_model_len ({limit})",
+                param="max_tokens",
+                code="context_length_exceeded",
             )
         return requested
 
+    async def offload(self, work: Callable[..., Any], *args: Any) -> Any:
+        """Run `work` on the worker pool, leaving the event loop free."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
+
+    def encode(self, text: str, add_special_tokens: bool, param: str, truncating: bool) -> list[int]:
+        """Token ids of a prompt; one far over the context is refused before it is tokenized."""
+        tokenizer = self.tokenizer()
+        fewest = tokenizer.fewest_tokens(text)
+        if not truncating and fewest >= self.max_model_len:
+            raise InvalidRequestError(
+                f"{param}: {len(text)} characters are at least {fewest} tokens, over max_model_len ({self.max_model_len})",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's truncate_prompt_tokens: the last `keep` tokens (-1: as many as leave room for one more)."""
+        if keep is None:
+            return token_ids
+        if keep == 0:
+            raise InvalidRequestError("truncate_prompt_tokens must be -1 or >= 1, got 0", param="truncate_prompt_tokens")
+        keep = self.max_model_len - 1 if keep == -1 else keep
+        return token_ids[-keep:]
+
+    def chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> dict:
+        self.tokenizer()
+        kwargs = body.chat_template_kwargs or {}
+        reserved = RESERVED_TEMPLATE_VARIABLES & set(kwargs)
+        if reserved:
+            raise InvalidRequestError(
+                f"chat_template_kwargs: {sorted(reserved)[0]!r} is set by the request itself", param="chat_template_kwargs"
+            )
+        messages = [m.as_template_input() for m in body.messages]
+        return self.llm.chat_prompt(
+            messages, body.add_generation_prompt, add_special_tokens=add_special_tokens, template_kwargs=kwargs
+        )
+
+    def completion(self, raw: bytes) -> tuple:
+        body = parse_body(CompletionRequest, raw)
+        self.check_model(body.model)
+        prompt = _single_prompt(body.prompt)
+        truncating = body.truncate_prompt_tokens is not None
+        if isinstance(prompt, str):
+            ids = self.encode(prompt, body.add_special_tokens, "prompt", truncating)
+            prompt = {"prompt": prompt, "prompt_token_ids": self.truncate(ids, body.truncate_prompt_tokens)}
+        else:
+            prompt = {"prompt_token_ids": self.truncate(prompt, body.truncate_prompt_tokens)}
+        params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
+        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs, body.return_tokens_as_token_ids)
+        return body, prompt, params, fmt
+
+    def chat_completion(self, raw: bytes) -> tuple:
+        body = parse_body(ChatCompletionRequest, raw)
+        self.check_model(body.model)
+        prompt = self.chat_prompt(body, body.add_special_tokens)
+        prompt["prompt_token_ids"] = self.truncate(prompt["prompt_token_ids"], body.truncate_prompt_tokens)
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids)
+        return body, prompt, params, fmt
+
+    def tokenize(self, raw: bytes) -> Response:
+        body = parse_body(TokenizeRequest, raw)
+        self.check_model(body.model)
+        tokenizer = self.tokenizer()
+        if (body.prompt is None) == (body.messages is None):
+            raise InvalidRequestError("send exactly one of prompt or messages", param="prompt")
+        if body.messages is not None:
+            tokens = self.chat_prompt(body, add_special_tokens=False)["prompt_token_ids"]
+        else:
+            tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        reply = {"count": len(tokens), "max_model_len": self.max_model_len, "tokens": tokens}
+        if body.return_token_strs:
+            reply["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]
+        return JSONResponse(reply)
+
+    def detokenize(self, raw: bytes) -> Response:
+        body = parse_body(DetokenizeRequest, raw)
+        self.check_model(body.model)
+        tokenizer = self.tokenizer()
+        vocab = tokenizer.vocab_size
+        bad = next((t for t in body.tokens if t >= vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"tokens must be ids in [0, {vocab}), got {bad}", param="tokens")
+        return JSONResponse({"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)})
+
     async def respond(self, request: Request, body: SamplingFields, prompt: dict, params: SamplingParams, fmt: Format):
+        if body.user or body.safety_identifier:
+            logger.debug("request for user %r", body.user or body.safety_identifier)
         stream = await self.engine.add(prompt, params)
         if body.stream:
             return _EngineStreamResponse(_sse(stream, fmt, params.n, body.include_usage), stream)
@@ -86,7 +194,38 @@ class Server:
             final = await _unless_disconnected(request, _last(stream))
         finally:
             stream.abort()
-        return fmt.body(final) if final is not None else Response(status_code=499)
+        if final is None:
+            return Response(status_code=499)
+        return await self.offload(lambda: JSONResponse(fmt.body(final)))
+
+
+def parse_body(model: type[Body], raw: bytes) -> Body:
+    """The request body as `model`: JSON parsed, types checked strictly, refused fields refused."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise InvalidRequestError(f"malformed JSON body: {err}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("the body must be a JSON object", code="invalid_type")
+    body = model.model_validate(data)
+    body.check_supported()
+    return body
+
+
+def json_body(model: type[BaseModel]) -> dict:
+    """OpenAPI for a route that parses its own body (off the event loop) as `model`."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def request_schemas() -> dict:
+    """JSON schemas of every request body and what they nest, for OpenAPI's components."""
+    schemas = {}
+    for model in REQUESTS.values():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
 
 
 def _server(request: Request) -> Server:
@@ -126,7 +265,7 @@ async def _sse(stream: RequestStream, fmt: Format, n: int, include_usage: bool) 
             if output.finished and include_usage:
                 yield _event(fmt.usage_chunk(output))
     except LLMPipeError as err:  # the engine failed it, or the server is shutting down
-        yield _event(error_body(status_of(err), str(err)))
+        yield _event(llmpipe_error_body(err))
     yield "data: [DONE]\n\n"
 
 
@@ -157,38 +296,25 @@ async def _disconnected(request: Request) -> None:
 def _single_prompt(prompt: str | list) -> str | list[int]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
-            raise InvalidRequestError("prompt: a batch of prompts is not supported; send one prompt per request")
+            raise InvalidRequestError(
+                "prompt: a batch of prompts is not supported; send one prompt per request",
+                param="prompt",
+                code="unsupported_parameter",
+            )
         return prompt[0]
     return prompt
 
 
-@router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request):
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
+async def completions(request: Request):
     server = _server(request)
-    server.check_model(body.model)
-    if body.echo:
-        raise InvalidRequestError("echo: true is not supported")
-    prompt = _single_prompt(body.prompt)
-    if isinstance(prompt, str):
-        prompt = {"prompt": prompt, "prompt_token_ids": server.tokenizer().encode(prompt)}
-    else:
-        prompt = {"prompt_token_ids": prompt}
-    params = body.sampling_params(server.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
-    fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", server.model_name, body.logprobs, body.return_tokens_as_token_ids)
-    return await server.respond(request, body, prompt, params, fmt)
+    return await server.respond(request, *await server.offload(server.completion, await request.body()))
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
+async def chat_completions(request: Request):
     server = _server(request)
-    server.check_model(body.model)
-    server.tokenizer()
-    prompt = server.llm.chat_prompt([m.as_template_input() for m in body.messages], body.add_generation_prompt)
-    requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = body.sampling_params(server.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
-    fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", server.model_name, logprobs, body.return_tokens_as_token_ids)
-    return await server.respond(request, body, prompt, params, fmt)
+    return await server.respond(request, *await server.offload(server.chat_completion, await request.body()))
 
 
 @router.get("/v1/models")
@@ -206,8 +332,11 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> dict:
-    if not _server(request).engine.alive:
+    engine = _server(request).engine
+    if not engine.alive:
         raise UnavailableError("the engine thread has stopped")
+    if engine.closing:  # draining: a load balancer should stop sending here
+        raise UnavailableError("the server is shutting down")
     return {"status": "ok"}
 
 
@@ -216,30 +345,16 @@ async def metrics(request: Request) -> Response:
     return Response(_server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> dict:
+@router.post("/tokenize", openapi_extra=json_body(TokenizeRequest))
+async def tokenize(request: Request) -> Response:
     server = _server(request)
-    server.check_model(body.model)
-    tokenizer = server.tokenizer()
-    if (body.prompt is None) == (body.messages is None):
-        raise InvalidRequestError("send exactly one of prompt or messages")
-    if body.messages is not None:
-        messages = [m.as_template_input() for m in body.messages]
-        tokens = server.llm.chat_prompt(messages, body.add_generation_prompt)["prompt_token_ids"]
-    else:
-        tokens = tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
-    return {"count": len(tokens), "max_model_len": server.max_model_len, "tokens": tokens}
+    return await server.offload(server.tokenize, await request.body())
 
 
-@router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> dict:
+@router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
+async def detokenize(request: Request) -> Response:
     server = _server(request)
-    server.check_model(body.model)
-    tokenizer = server.tokenizer()
-    bad = [t for t in body.tokens if t >= tokenizer.vocab_size]
-    if bad:
-        raise InvalidRequestError(f"tokens must be ids in [0, {tokenizer.vocab_size}), got {bad[0]}")
-    return {"prompt": tokenizer.decode(body.tokens, skip_special_tokens=False)}
+    return await server.offload(server.detokenize, await request.body())
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -254,6 +369,7 @@ def create_app(
     api_key: str | None = None,
     max_waiting: int | None = 512,
     max_body_bytes: int = MAX_BODY_BYTES,
+    body_timeout: float = BODY_TIMEOUT_S,
     before_step: Callable[[], None] | None = None,
 ) -> FastAPI:
     """`before_step`: called on the engine thread before each step (see AsyncEngine)."""
@@ -264,12 +380,21 @@ def create_app(
         server.engine.start()
         yield
         await server.engine.stop()
+        server.pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="llmpipe", description="OpenAI-compatible LLM server", lifespan=lifespan)
     app.state.server = server
+    default_openapi = app.openapi
+
+    def openapi() -> dict:
+        schema = default_openapi()
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+        return schema
+
+    app.openapi = openapi
     app.include_router(router)
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout=body_timeout)
     if api_key:  # added last = runs first: no body is read for a client without the key
         app.add_middleware(ApiKey, api_key=api_key)
     return app

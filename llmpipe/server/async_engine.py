@@ -21,6 +21,7 @@ from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+DRAIN_POLL_S = 0.05
 
 
 class UnavailableError(LLMPipeError):
@@ -99,13 +100,28 @@ class AsyncEngine:
         self._abort_all("the server is shutting down")
         self._thread = None
 
-    def drain(self, timeout: float) -> None:
-        """Shutdown has begun: refuse new requests, and give the running ones `timeout` seconds."""
+    def drain(self, timeout: float, on_drained: Callable[[], None] | None = None) -> None:
+        """Shutdown has begun: refuse new requests (503), give the running ones `timeout` seconds,
+        end what is left, then call `on_drained`."""
         self._closing = True
-        self._loop.call_later(timeout, self._abort_all, "the server is shutting down")
+        deadline = self._loop.time() + timeout
 
-    def drain_threadsafe(self, timeout: float) -> None:
-        self._loop.call_soon_threadsafe(self.drain, timeout)
+        def check() -> None:
+            if self._streams and self._loop.time() < deadline:
+                self._loop.call_later(DRAIN_POLL_S, check)
+                return
+            self._abort_all("the server is shutting down")
+            if on_drained is not None:
+                on_drained()
+
+        check()
+
+    def drain_threadsafe(self, timeout: float, on_drained: Callable[[], None] | None = None) -> None:
+        self._loop.call_soon_threadsafe(self.drain, timeout, on_drained)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     def _abort_all(self, reason: str) -> None:
         for stream in list(self._streams.values()):
@@ -177,7 +193,8 @@ class AsyncEngine:
             for output in outputs:
                 self.engine.abort_request(output.request_id)
             self.stats = self.engine.stats()
-            self._post(outputs, RequestFailedError(f"the engine failed: {err}"))
+            failed = RequestFailedError(f"the engine's step failed ({type(err).__name__}); see the server log")
+            self._post(outputs, failed)
 
     def _post(self, outputs: list[RequestOutput], failed: BaseException | None) -> None:
         if outputs:
@@ -215,6 +232,7 @@ class AsyncEngine:
 
 
 def _request_error(output: RequestOutput) -> RequestFailedError | None:
-    if output.finished and any(choice.finish_reason == "error" for choice in output.outputs):
-        return RequestFailedError("the engine failed this request")
+    failed = [choice for choice in output.outputs if choice.finish_reason == "error"]
+    if output.finished and failed:
+        return RequestFailedError(f"{failed[0].error or 'the engine failed this request'}; see the server log")
     return None

@@ -1,23 +1,27 @@
-"""ASGI guards that run before routing: the body-size limit (413) and the API key (401)."""
+"""ASGI guards that run before routing: the body's size and time limits (413, 408) and the API key (401)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llmpipe.server.errors import error_response
 
-# Paths that need no API key: the liveness probe, the playground page, the API description.
-OPEN_PATHS = frozenset({"/health", "/", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
+# Paths that need no API key: the liveness probe and the playground page (which asks for the key).
+# The API description (/openapi.json, /docs) needs it like every API route.
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 class BodyLimit:
-    """Reads the whole body up front (refusing one over max_bytes), then replays it to the app."""
+    """Reads the whole body up front (refusing one over max_bytes, or one that has not all arrived
+    within timeout seconds), then replays it to the app."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -28,8 +32,14 @@ class BodyLimit:
         if int(length) > self.max_bytes:
             return await self._too_large(scope, receive, send)
         body, more = bytearray(), True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                message = f"the request body did not arrive within {self.timeout:g} s"
+                return await error_response(408, message)(scope, receive, send)
             if message["type"] == "http.disconnect":
                 return
             body += message.get("body", b"")

@@ -38,8 +38,9 @@ def render_chat_template(
         )
     except _TemplateRaised as error:
         raise InvalidRequestError(f"the chat template rejected these messages: {error.message}") from error
-    except jinja2.TemplateError as error:
-        raise InvalidRequestError(f"the chat template failed on these messages: {error}") from error
+    except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError) as error:
+        # the template choked on what the request gave it (its messages, its extra variables)
+        raise InvalidRequestError(f"the chat template failed on these messages: {error}", param="messages") from error
 
 
 def _prepare(message: dict) -> dict:

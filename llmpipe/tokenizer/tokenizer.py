@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import tokenizers
 from llmpipe.errors import InvalidRequestError
 from llmpipe.tokenizer.chat_template import render_chat_template
 from llmpipe.tokenizer.special_tokens import special_ids
+
+_LONG = 1024  # ids: a decode this long goes through the batch call
 
 
 class Tokenizer:
@@ -60,11 +63,25 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    # The backend's batch calls release the GIL while they work (its single ones do not), so a
+    # long text tokenized on a server's worker thread does not stall the event loop or the engine.
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if len(ids) > _LONG:
+            return self.backend.decode_batch([list(ids)], skip_special_tokens=skip_special_tokens)[0]
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)), in O(len(text)) without tokenizing: no token covers
+        more than max_token_bytes bytes (halved, in case a normalizer shortens the text)."""
+        return len(text.encode("utf-8", "surrogatepass")) // (2 * self.max_token_bytes)
+
+    @cached_property
+    def max_token_bytes(self) -> int:
+        vocab = self.backend.get_vocab(with_added_tokens=True)
+        return max(len(token.encode("utf-8", "surrogatepass")) for token in vocab) or 1
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

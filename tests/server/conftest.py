@@ -15,6 +15,7 @@ import uvicorn
 
 from llmpipe import LLM
 from llmpipe.server.app import create_app
+from llmpipe.server.http import uvicorn_config
 
 TINY_MODEL = "tiny"
 # A paced server's engine steps take at least this long: a test that needs a request still running
@@ -29,12 +30,12 @@ def paced(delay: float = STEP_DELAY_S):
 
 
 @contextmanager
-def live_server(llm: LLM, model_name: str = TINY_MODEL, **options) -> Iterator[str]:
-    """Serve `llm` until the block ends; yields the base URL."""
+def live_server(llm: LLM, model_name: str = TINY_MODEL, header_timeout: float = 30.0, **options) -> Iterator[str]:
+    """Serve `llm` until the block ends (as `llmpipe serve` does: the same app and HTTP layer); yields the base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     app = create_app(llm, model_name, **options)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn_config(app, header_timeout=header_timeout, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120  # a hang guard

@@ -28,45 +28,47 @@ def post(url: str, path: str, payload=None, *, content: bytes | None = None, hea
     return httpx.post(f"{url}{path}", json=payload, content=content, headers=headers, timeout=60)
 
 
-# (route, body, status, words the message must contain)
+# (route, body, status, param, words the message must contain)
 BAD_REQUESTS = [
-    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, ["temperature", ">= 0"]),
-    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, ["top_p", "(0, 1]"]),
-    ("/v1/completions", {"prompt": "hi", "min_p": 2}, 400, ["min_p", "[0, 1]"]),
-    ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, ["presence_penalty", "[-2, 2]"]),
-    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, ["repetition_penalty", "> 0"]),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, ["max_tokens", ">= 1"]),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, ["min_tokens", "<= max_tokens"]),
-    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, ["n", "greater than or equal to 1"]),
-    ("/v1/completions", {"prompt": "hi", "n": 17}, 400, ["n", "less than or equal to 16"]),
-    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, ["logprobs", "less than or equal to 20"]),
-    ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, ["seed", "less than or equal to"]),
-    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, ["temperature", "valid number"]),
-    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, ["stop", "non-empty"]),
-    ("/v1/completions", {"max_tokens": 3}, 400, ["prompt", "Field required"]),
-    ("/v1/completions", {"prompt": ""}, 400, ["prompt", "empty"]),
-    ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, ["prompt_token_ids", "[0, 320)"]),
-    ("/v1/completions", {"prompt": ["a", "b"]}, 400, ["prompt", "batch"]),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 1024}, 400, ["max_tokens (1024)", "max_model_len (1024)"]),
-    ("/v1/completions", {"prompt": list(range(5, 300)) * 4}, 400, ["max_model_len"]),
-    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, ["gpt-4", "does not exist"]),
-    ("/v1/chat/completions", {"messages": []}, 400, ["messages", "at least 1"]),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, ["messages.0.role"]),
-    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 50, "logprobs": True}, 400, ["top_logprobs"]),
-    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 5000}, 400, ["max_model_len (1024)"]),
-    ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, ["nope"]),
-    ("/tokenize", {"prompt": "a", "messages": CHAT}, 400, ["exactly one of prompt or messages"]),
-    ("/detokenize", {"tokens": [5, 400]}, 400, ["tokens must be ids in [0, ", "got 400"]),
-    ("/detokenize", {"tokens": [-1]}, 400, ["tokens.0", "greater than or equal to 0"]),
+    ("/v1/completions", {"prompt": "hi", "temperature": -1}, 400, "temperature", [">= 0"]),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p", ["(0, 1]"]),
+    ("/v1/completions", {"prompt": "hi", "min_p": 2}, 400, "min_p", ["[0, 1]"]),
+    ("/v1/completions", {"prompt": "hi", "presence_penalty": 3}, 400, "presence_penalty", ["[-2, 2]"]),
+    ("/v1/completions", {"prompt": "hi", "repetition_penalty": 0}, 400, "repetition_penalty", ["> 0"]),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", [">= 1"]),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens", ["<= max_tokens"]),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n", ["greater than or equal to 1"]),
+    ("/v1/completions", {"prompt": "hi", "n": 17}, 400, "n", ["less than or equal to 16"]),
+    ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", ["less than or equal to 20"]),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed", ["less than or equal to"]),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature", ["valid number"]),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop", ["[0]", "at least 1 character"]),
+    ("/v1/completions", {"max_tokens": 3}, 400, "prompt", ["Field required"]),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt", ["empty"]),
+    ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt", ["[0, 320)"]),
+    ("/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt", ["batch"]),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 1024}, 400, "max_tokens", ["max_tokens (1024)", "max_model_len (1024)"]),
+    ("/v1/completions", {"prompt": list(range(5, 300)) * 4}, 400, "max_tokens", ["max_model_len"]),
+    ("/v1/completions", {"prompt": "hi", "model": "gpt-4"}, 404, "model", ["gpt-4", "does not exist"]),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages", ["at least 1"]),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role", ["'user'"]),
+    ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs", ["20"]),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 5000}, 400, "max_tokens", ["max_model_len (1024)"]),
+    ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model", ["nope"]),
+    ("/tokenize", {"prompt": "a", "messages": CHAT}, 400, "prompt", ["exactly one of prompt or messages"]),
+    ("/detokenize", {"tokens": [5, 400]}, 400, "tokens", ["tokens must be ids in [0, ", "got 400"]),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens[0]", ["greater than or equal to 0"]),
 ]
 
 
-@pytest.mark.parametrize("route,payload,status,words", BAD_REQUESTS, ids=[str(b[1])[:40] for b in BAD_REQUESTS])
-def test_bad_request_gets_its_status_and_a_message_naming_the_problem(url, route, payload, status, words):
+@pytest.mark.parametrize("route,payload,status,param,words", BAD_REQUESTS, ids=[str(b[1])[:40] for b in BAD_REQUESTS])
+def test_bad_request_gets_its_status_and_an_openai_error_naming_the_field(url, route, payload, status, param, words):
     response = post(url, route, payload)
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["code"] == status and error["type"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and isinstance(error["code"], str)
+    assert error["param"] == param
     for word in words:
         assert word in error["message"]
 

@@ -1,5 +1,6 @@
 """`llmpipe serve` on SIGTERM / SIGINT: a request that finishes within --shutdown-timeout finishes; one
-that would not gets an error event and [DONE]; the process exits 0 without a traceback.
+that would not gets an error event and [DONE]; while it drains, the server still answers, with 503s
+(/health included) a load balancer can see; the process exits 0 without a traceback.
 
 The server runs paced (each engine step takes at least STEP_DELAY_S), so the long request cannot
 finish within the drain on any machine, and the short one has seconds to spare."""
@@ -66,6 +67,8 @@ def test_shutdown_finishes_short_requests_and_ends_long_ones_cleanly(tiny_path, 
         for _, started, _ in streams.values():
             assert started.wait(60)
         server.send_signal(sig)
+        health = wait_for_health(url, 503)  # answered, not refused: the drain is visible
+        refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
         for t in threads:
             t.join(timeout=60)
         assert server.wait(timeout=60) == 0
@@ -77,4 +80,16 @@ def test_shutdown_finishes_short_requests_and_ends_long_ones_cleanly(tiny_path, 
     assert short[-1] == long[-1] == "[DONE]"
     assert json.loads(short[-2])["choices"][0]["finish_reason"] == "length"
     error = json.loads(long[-2])["error"]
-    assert error["code"] == 503 and "shutting down" in error["message"]
+    assert error["code"] == "service_unavailable" and "shutting down" in error["message"]
+    assert "shutting down" in health.json()["error"]["message"]
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+
+
+def wait_for_health(url: str, status: int) -> httpx.Response:
+    deadline = time.monotonic() + 60  # a hang guard
+    while True:
+        response = httpx.get(f"{url}/health", timeout=60)
+        if response.status_code == status:
+            return response
+        assert time.monotonic() < deadline, f"/health never answered {status}"
+        time.sleep(0.02)
