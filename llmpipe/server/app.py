@@ -100,11 +100,12 @@ class Server:
         """Run `work` on the worker pool, leaving the event loop free."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
 
-    def encode(self, text: str, add_special_tokens: bool, param: str, truncating: bool) -> list[int]:
-        """Token ids of a prompt; one far over the context is refused before it is tokenized."""
+    def encode(self, text: str, add_special_tokens: bool, param: str, unbounded: bool) -> list[int]:
+        """Token ids of a prompt; one far over the context is refused before it is tokenized (unless
+        `unbounded`: it will be truncated, or only counted)."""
         tokenizer = self.tokenizer()
         fewest = tokenizer.fewest_tokens(text)
-        if not truncating and fewest >= self.max_model_len:
+        if not unbounded and fewest >= self.max_model_len:
             raise InvalidRequestError(
                 f"{param}: {len(text)} characters are at least {fewest} tokens, over max_model_len ({self.max_model_len})",
                 param=param,
@@ -122,7 +123,8 @@ class Server:
         return token_ids[-keep:]
 
     def chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> dict:
-        self.tokenizer()
+        """The conversation as a prompt (as LLM.chat_prompt, but refusing one far over the context
+        before tokenizing it, unless it will be truncated or only counted)."""
         kwargs = body.chat_template_kwargs or {}
         reserved = RESERVED_TEMPLATE_VARIABLES & set(kwargs)
         if reserved:
@@ -130,9 +132,9 @@ class Server:
                 f"chat_template_kwargs: {sorted(reserved)[0]!r} is set by the request itself", param="chat_template_kwargs"
             )
         messages = [m.as_template_input() for m in body.messages]
-        return self.llm.chat_prompt(
-            messages, body.add_generation_prompt, add_special_tokens=add_special_tokens, template_kwargs=kwargs
-        )
+        text = self.tokenizer().apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, **kwargs)
+        unbounded = isinstance(body, TokenizeRequest) or body.truncate_prompt_tokens is not None
+        return {"prompt": text, "prompt_token_ids": self.encode(text, add_special_tokens, "messages", unbounded)}
 
     def completion(self, raw: bytes) -> tuple:
         body = parse_body(CompletionRequest, raw)
@@ -207,9 +209,20 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
         raise InvalidRequestError(f"malformed JSON body: {err}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise InvalidRequestError("the body must be a JSON object", code="invalid_type")
+    _check_list_caps(model, data)
     body = model.model_validate(data)
     body.check_supported()
     return body
+
+
+def _check_list_caps(model: type[BaseModel], data: dict) -> None:
+    """A top-level list over its cap is refused before validation, which would hold the GIL for
+    every item (200,000 messages: a second)."""
+    for name, info in model.model_fields.items():
+        value = data.get(name)
+        cap = next((m.max_length for m in info.metadata if getattr(m, "max_length", None) is not None), None)
+        if isinstance(value, list) and cap is not None and len(value) > cap:
+            raise InvalidRequestError(f"{name}: at most {cap} items, got {len(value)}", param=name)
 
 
 def json_body(model: type[BaseModel]) -> dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, WrapValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
 from llmpipe.errors import InvalidRequestError
@@ -47,20 +47,41 @@ def _one_of(description: str) -> WrapValidator:
             branches: dict[Any, list[dict]] = {}
             for error in err.errors():
                 branches.setdefault(error["loc"][0] if error["loc"] else None, []).append(error)
-            inside = [errors for errors in branches.values() if any(len(e["loc"]) > 1 for e in errors)]
-            if not inside:  # no branch took the value's shape
+            took = [errors for errors in branches.values() if any(_took_shape(e) for e in errors)]
+            if not took:  # the value has none of the accepted shapes
                 raise PydanticCustomError("union_type", f"Input should be {description}") from None
-            error = min(inside, key=len)[0]  # the branch that came closest: what inside it is wrong
+            closest = min(took, key=lambda errors: (sum(map(_type_error, errors)), len(errors)))
+            error = next(e for e in closest if _took_shape(e))
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"][1:])
-            raise PydanticCustomError(error["type"], "{where}: {msg}", {"where": where, "msg": error["msg"]}) from None
+            message = f"{where}: {{msg}}" if where else "{msg}"
+            raise PydanticCustomError(error["type"], message, {"msg": error["msg"]}) from None
 
     return WrapValidator(validate)
+
+
+def _type_error(error: dict) -> bool:
+    return error["type"].endswith(("_type", "_parsing"))
+
+
+def _took_shape(error: dict) -> bool:
+    """Whether a union branch's error is about what is inside the value, not the value's type."""
+    return len(error["loc"]) > 1 or not _type_error(error)
+
+
+def _stop_string(text: str) -> str:
+    if not 1 <= len(text) <= MAX_STOP_CHARS:
+        raise PydanticCustomError(
+            "string_length", "stop strings must have 1 to {most} characters, got {n}", {"most": MAX_STOP_CHARS, "n": len(text)}
+        )
+    return text
 
 
 Text = Annotated[str, AfterValidator(_valid_text)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
-StopString = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STOP_CHARS), AfterValidator(_valid_text)]
+StopString = Annotated[
+    Text, AfterValidator(_stop_string), Field(json_schema_extra={"minLength": 1, "maxLength": MAX_STOP_CHARS})
+]
 Stop = Annotated[
     StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)],
     _one_of(f"a string or a list of at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_CHARS} characters"),

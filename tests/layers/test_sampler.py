@@ -106,3 +106,18 @@ def test_logprobs_report_chosen_token_rank_and_top_n():
 def test_invalid_sampling_values_raise_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_logit_bias_adds_to_the_logits_before_every_rule():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    params = SamplingParams(temperature=0.0, logit_bias={3: 4.0, 0: -1.5}, logprobs=1)
+    result = sample(logits, [row(params)])
+    assert result.token_ids == [3]  # -1 + 4 = 3 beats 2 - 1.5 and 1.0
+    banned = SamplingRow(SamplingParams(temperature=0.0, logit_bias={1: 100.0}), None, [], [], banned_token_ids=[1])
+    assert sample(logits, [banned]).token_ids == [0]  # a ban wins over any bias
+
+
+@pytest.mark.parametrize("bias", [{0: 100.5}, {0: -101.0}, {"0": 1.0}])
+def test_logit_bias_values_outside_openai_range_or_not_token_ids_are_refused(bias):
+    with pytest.raises(ValueError, match="logit_bias"):
+        SamplingParams(logit_bias=bias)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -42,7 +43,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "hi", "logprobs": 21}, 400, "logprobs", ["less than or equal to 20"]),
     ("/v1/completions", {"prompt": "hi", "seed": 2**64}, 400, "seed", ["less than or equal to"]),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature", ["valid number"]),
-    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop", ["[0]", "at least 1 character"]),
+    ("/v1/completions", {"prompt": "hi", "stop": [""]}, 400, "stop", ["[0]", "1 to 256 characters"]),
     ("/v1/completions", {"max_tokens": 3}, 400, "prompt", ["Field required"]),
     ("/v1/completions", {"prompt": ""}, 400, "prompt", ["empty"]),
     ("/v1/completions", {"prompt": [1, 2, 99999]}, 400, "prompt", ["[0, 320)"]),
@@ -154,3 +155,25 @@ def test_a_fault_in_one_request_fails_only_that_request(url, tiny_llm, monkeypat
     assert '"error"' in streamed.text and streamed.text.endswith("data: [DONE]\n\n")
     assert metric(url, "llmpipe:kv_cache_usage_perc", AUTH) == 0.0
     assert post(url, "/v1/completions", healthy).status_code == 200
+
+
+def test_an_out_of_vocabulary_stop_id_is_a_400_and_the_batch_beside_it_goes_on(url):
+    """Issue row 1: with min_tokens the id used to reach the sampler and fail every request in the batch."""
+    healthy = {"prompt": [1, 5, 9], "max_tokens": 40, "ignore_eos": True, "temperature": 0.0, "stream": True,
+               "stream_options": {"include_usage": True}}
+    events = []
+
+    def stream():
+        with httpx.stream("POST", f"{url}/v1/completions", json=healthy, headers=AUTH, timeout=60) as response:
+            events.extend(line for line in response.iter_lines() if line.startswith("data: "))
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    for stop_id in (10**9, -(10**9)):
+        bad = {"prompt": "x", "max_tokens": 3, "min_tokens": 1, "stop_token_ids": [stop_id]}
+        response = post(url, "/v1/completions", bad)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "stop_token_ids"
+        assert "index" not in response.text  # no torch internals
+    thread.join(timeout=120)
+    assert events[-1] == "data: [DONE]" and '"error"' not in "".join(events)
+    assert json.loads(events[-2][len("data: "):])["usage"]["completion_tokens"] == 40
