@@ -177,3 +177,27 @@ def test_an_out_of_vocabulary_stop_id_is_a_400_and_the_batch_beside_it_goes_on(u
     thread.join(timeout=120)
     assert events[-1] == "data: [DONE]" and '"error"' not in "".join(events)
     assert json.loads(events[-2][len("data: "):])["usage"]["completion_tokens"] == 40
+
+
+def test_a_failed_model_step_fails_its_requests_with_a_clear_message_and_the_server_goes_on(tiny_path):
+    llm = LLM(tiny_path, progress=False)
+    runner, calls = llm.engine.runner, []
+    original = runner.run
+
+    def failing_once(batch):
+        calls.append(batch)
+        if len(calls) == 2:  # the second step: a request is mid-decode
+            raise RuntimeError("injected forward fault")
+        return original(batch)
+
+    runner.run = failing_once
+    body = {"prompt": [1, 5, 9], "max_tokens": 8, "ignore_eos": True, "temperature": 0.0}
+    with live_server(llm) as url:
+        failed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert failed.status_code == 500
+        error = failed.json()["error"]
+        assert error["type"] == "server_error" and "step failed (RuntimeError)" in error["message"]
+        assert "injected" not in error["message"]  # the details go to the log, not to the client
+        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["usage"]["completion_tokens"] == 8
+        assert metric(url, "llmpipe:kv_cache_usage_perc") == 0.0

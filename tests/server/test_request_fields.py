@@ -239,3 +239,13 @@ def test_the_api_description_needs_the_key(url):
         assert httpx.get(f"{url}{path}", headers=AUTH).status_code == 200
     schemas = httpx.get(f"{url}/openapi.json", headers=AUTH).json()["components"]["schemas"]
     assert {"CompletionRequest", "ChatCompletionRequest", "ChatMessage"} <= set(schemas)
+
+
+def test_a_long_tokenize_reply_equals_the_tokenizer_output(url, tiny_llm):
+    """Rendered in slices (it holds millions of ids): the same JSON a one-shot render would give."""
+    text = "the quick brown fox jumps over the lazy dog. " * 20_000
+    reply = post(url, "/tokenize", {"prompt": text, "return_token_strs": True}).json()
+    tokenizer = tiny_llm.get_tokenizer()
+    expected = tokenizer.backend.encode(text).ids  # the library's own output
+    assert reply["tokens"] == expected and reply["count"] == len(expected) > 65_536
+    assert reply["token_strs"] == [tokenizer.backend.id_to_token(t) for t in expected]
