@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WrapValidator, create_model
 from pydantic_core import PydanticCustomError
 
 from llmpipe.errors import InvalidRequestError
@@ -144,12 +144,21 @@ class _Body(BaseModel):
                 raise InvalidRequestError(f"{name}: {refused.why}", param=name, code="unsupported_parameter")
 
 
+def refusing(model: type[_Body]) -> type[_Body]:
+    """`model` with each field of its REFUSED table declared (any JSON value, default None), so the
+    field is accepted, then refused by check_supported when it asks for something."""
+    refused = {name: (Any, None) for name in model.REFUSED if name not in model.model_fields}
+    return create_model(model.__name__, __base__=model, __module__=model.__module__, __doc__=model.__doc__, **refused)
+
+
+@refusing
 class StreamOptions(_Body):
     include_usage: bool = False
     continuous_usage_stats: bool = False
     REFUSED: ClassVar[dict[str, Refused]] = {"continuous_usage_stats": Refused(NOT_YET, (False,))}
 
 
+@refusing
 class SamplingFields(_Body):
     model: Text | None = None
     temperature: float = 1.0
@@ -179,32 +188,6 @@ class SamplingFields(_Body):
     truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=2**31 - 1)] | None = Field(
         None, description="keep only the prompt's last k tokens (-1: as many as the context holds)"
     )
-    # Refused: see REFUSED_SAMPLING
-    response_format: Any = None
-    use_beam_search: Any = None
-    length_penalty: Any = None
-    allowed_token_ids: Any = None
-    bad_words: Any = None
-    spaces_between_special_tokens: Any = None
-    prompt_logprobs: Any = None
-    structured_outputs: Any = None
-    guided_json: Any = None
-    guided_regex: Any = None
-    guided_choice: Any = None
-    guided_grammar: Any = None
-    guided_decoding_backend: Any = None
-    guided_whitespace_pattern: Any = None
-    logits_processors: Any = None
-    priority: Any = None
-    request_id: Any = None
-    return_token_ids: Any = None
-    cache_salt: Any = None
-    kv_transfer_params: Any = None
-    vllm_xargs: Any = None
-    metadata: Any = None
-    store: Any = None
-    service_tier: Any = None
-    prompt_cache_key: Any = None
     REFUSED: ClassVar[dict[str, Refused]] = REFUSED_SAMPLING
 
     @property
@@ -254,14 +237,12 @@ def _token_biases(logit_bias: dict[str, float] | None) -> dict[int, float] | Non
     return biases
 
 
+@refusing
 class CompletionRequest(SamplingFields):
     prompt: Prompt
     max_tokens: Count | None = 16
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: bool = Field(True, description="let the tokenizer add BOS/EOS as the model configures")
-    echo: Any = None
-    best_of: Any = None
-    suffix: Any = None
     REFUSED: ClassVar[dict[str, Refused]] = {
         **REFUSED_SAMPLING,
         "echo": Refused("echo is " + NOT_YET, (None, False)),
@@ -283,16 +264,12 @@ class TextPart(_Body):
 Content = Annotated[Text | list[TextPart], _one_of("a string or a list of text parts ({'type': 'text', 'text': ...})")]
 
 
+@refusing
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Content | None = None
     name: Text | None = None
     tool_call_id: Text | None = Field(None, description="passed to the chat template")
-    tool_calls: Any = None
-    function_call: Any = None
-    refusal: Any = None
-    audio: Any = None
-    reasoning_content: Any = None
     REFUSED: ClassVar[dict[str, Refused]] = {
         "tool_calls": Refused("tool calls are " + NOT_YET, (None, [])),
         "function_call": Refused("function calls are " + NOT_YET),
@@ -324,6 +301,7 @@ REFUSED_CHAT = {
 }
 
 
+@refusing
 class ChatCompletionRequest(SamplingFields):
     messages: Messages
     max_tokens: Count | None = None
@@ -333,22 +311,6 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     add_special_tokens: bool = Field(False, description="let the tokenizer add BOS/EOS on top of the template")
     chat_template_kwargs: TemplateKwargs | None = Field(None, description="extra variables for the chat template")
-    tools: Any = None
-    tool_choice: Any = None
-    parallel_tool_calls: Any = None
-    functions: Any = None
-    function_call: Any = None
-    continue_final_message: Any = None
-    chat_template: Any = None
-    documents: Any = None
-    mm_processor_kwargs: Any = None
-    echo: Any = None
-    modalities: Any = None
-    audio: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
     REFUSED: ClassVar[dict[str, Refused]] = {
         **REFUSED_SAMPLING,
         **REFUSED_CHAT,
@@ -372,6 +334,7 @@ class ChatCompletionRequest(SamplingFields):
                 raise InvalidRequestError(f"messages[{i}].{err}", param=f"messages[{i}].{err.param}", code=err.code)
 
 
+@refusing
 class TokenizeRequest(_Body):
     model: Text | None = None
     prompt: Text | None = None
@@ -380,10 +343,6 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool = True
     chat_template_kwargs: TemplateKwargs | None = None
     return_token_strs: bool = Field(False, description="also return each token as its string")
-    continue_final_message: Any = None
-    chat_template: Any = None
-    tools: Any = None
-    mm_processor_kwargs: Any = None
     REFUSED: ClassVar[dict[str, Refused]] = {
         key: REFUSED_CHAT[key] for key in ("continue_final_message", "chat_template", "tools", "mm_processor_kwargs")
     }
