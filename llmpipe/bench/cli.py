@@ -99,6 +99,14 @@ def add_bench_parser(sub) -> None:
     compressed.add_argument("--plot", metavar="FILE.png", default="bench_results/compressed.png")
     compressed.set_defaults(func=_run_compressed)
 
+    robust = kinds.add_parser(
+        "robustness", help="huge and hostile requests beside a live stream: answer, /health latency, stream gaps")
+    robust.add_argument("--base-url", default="http://127.0.0.1:8000")
+    robust.add_argument("--model", default=None, help="model id to request (default: the server's own)")
+    robust.add_argument("--api-key", default=None)
+    robust.add_argument("--output", default="bench_results/robustness.json")
+    robust.set_defaults(func=_run_robustness)
+
     peers = kinds.add_parser("peers", help="build llama.cpp's llama-bench / llama-batched-bench / llama-server once")
     peers.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     peers.set_defaults(func=_run_peers)
@@ -124,6 +132,12 @@ def _run_serve(args) -> None:
     from llmpipe.bench import serve
 
     serve.main(args)
+
+
+def _run_robustness(args) -> None:
+    from llmpipe.bench.robustness import run_robustness
+
+    run_robustness(args.base_url, args.api_key, args.model, args.output)
 
 
 def _run_window(args) -> None:

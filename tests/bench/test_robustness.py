@@ -1,0 +1,16 @@
+"""`llmpipe bench robustness` against a live tiny server: its probes report what they measured."""
+
+from llmpipe import LLM
+from llmpipe.bench.robustness import probe, stalled_headers
+from tests.server.conftest import live_server
+
+
+def test_a_probe_reports_the_answer_health_polls_and_stream_gaps(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint("llama_gqa")), progress=False)
+    with live_server(llm, header_timeout=1.0) as url:
+        result = probe(url, "70,000 stop strings", {}, None)
+        closed, _ = stalled_headers(url, connections=3, wait_s=60)
+    assert result.status == 400 and result.answer_s > 0
+    assert result.health_polls >= 1 and result.health_worst_s > 0
+    assert result.gap_quiet_s > 0 and result.gap_during_s > 0
+    assert closed == 3
