@@ -41,6 +41,7 @@ class ProbeResult:
     health_polls: int
     gap_quiet_s: float
     gap_during_s: float
+    gap_worst_s: float  # the longest the stream waited during the probe: a stalled loop shows here
 
     @property
     def gap_ratio(self) -> float:
@@ -66,10 +67,13 @@ class _Stream:
                 if self.stop.is_set():
                     return
 
-    def mean_gap(self, start: float, end: float) -> float:
-        times = [t for t in self.arrivals if start <= t <= end]
-        gaps = [b - a for a, b in zip(times, times[1:])]
-        return statistics.mean(gaps) if gaps else float("nan")
+    def gaps(self, start: float, end: float, edges: bool = False) -> list[float]:
+        """Gaps between chunks in [start, end]; with `edges`, also from the last chunk before start and
+        to the first after end (so a stall that spans either edge counts)."""
+        before = [t for t in self.arrivals if t < start][-1:] if edges else []
+        after = [t for t in self.arrivals if t > end][:1] if edges else []
+        times = before + [t for t in self.arrivals if start <= t <= end] + after
+        return [b - a for a, b in zip(times, times[1:])] or [float("nan")]
 
     @property
     def alive(self) -> bool:
@@ -110,8 +114,9 @@ def probe(base_url: str, name: str, headers: dict, model: str | None) -> ProbeRe
     end = max(time.perf_counter(), start + QUIET_S)
     time.sleep(max(0.0, end - time.perf_counter()))
     stream.close()
+    during = stream.gaps(start, end, edges=True)
     return ProbeResult(name, answer["status"], answer["seconds"], max(health), len(health),
-                       stream.mean_gap(quiet_start, start), stream.mean_gap(start, end))
+                       statistics.mean(stream.gaps(quiet_start, start)), statistics.mean(during), max(during))
 
 
 def stalled_headers(base_url: str, connections: int = 10, wait_s: float = 120.0) -> tuple[int, float]:
@@ -134,14 +139,14 @@ def stalled_headers(base_url: str, connections: int = 10, wait_s: float = 120.0)
 def run_robustness(base_url: str, api_key: str | None, model: str | None, output: str | None) -> list[ProbeResult]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     results = []
-    print("| probe | answer | /health worst during | stream gap quiet → during (ratio) |")
-    print("|---|---|---|---|")
+    print("| probe | answer | /health worst during | stream mean gap quiet → during (ratio) | stream worst gap |")
+    print("|---|---|---|---|---|")
     for name in PROBES:
         result = probe(base_url, name, headers, model)
         results.append(result)
         print(f"| {name} | {result.status} in {result.answer_s:.2f} s | {result.health_worst_s * 1000:.0f} ms "
               f"({result.health_polls} polls) | {result.gap_quiet_s * 1000:.0f} → {result.gap_during_s * 1000:.0f} ms "
-              f"({result.gap_ratio:.2f}×) |", flush=True)
+              f"({result.gap_ratio:.2f}×) | {result.gap_worst_s * 1000:.0f} ms |", flush=True)
     closed, seconds = stalled_headers(base_url)
     print(f"connections stalled mid-headers: {closed}/10 closed by the server after {seconds:.1f} s")
     if output:
