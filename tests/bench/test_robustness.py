@@ -2,12 +2,12 @@
 
 from llmpipe import LLM
 from llmpipe.bench.robustness import probe, stalled_headers
-from tests.server.conftest import live_server
+from tests.server.conftest import live_server, paced
 
 
 def test_a_probe_reports_the_answer_health_polls_and_stream_gaps(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint("llama_gqa")), progress=False)
-    with live_server(llm, header_timeout=1.0) as url:
+    with live_server(llm, header_timeout=1.0, before_step=paced()) as url:  # the stream outlasts the probe
         result = probe(url, "70,000 stop strings", {}, None)
         closed, _ = stalled_headers(url, connections=3, wait_s=60)
     assert result.status == 400 and result.answer_s > 0
