@@ -1,12 +1,12 @@
 """Nothing heavy runs on the event loop, and no client can hold a connection open without sending.
 
-Speed-independent: the big request's effect is measured as ratios against the same server without
-it, in the same test, and the engine is paced so a stream's gaps are set by the pacing."""
+Speed-independent: nothing is timed. A blocked loop answers no /health poll and sends no stream
+chunk until the big request is done; a free one answers and streams while it is in flight (the big
+request takes seconds on any machine, the paced stream sends a chunk every 50 ms)."""
 
 from __future__ import annotations
 
 import socket
-import statistics
 import threading
 import time
 
@@ -34,29 +34,22 @@ class Stream:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    self.arrivals.append(time.perf_counter())
+                    self.arrivals.append(len(self.arrivals))
                 if self._stop.is_set():
                     return
-
-    def gaps(self, start: float, end: float) -> list[float]:
-        times = [t for t in self.arrivals if start <= t <= end]
-        return [b - a for a, b in zip(times, times[1:])]
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
 
 
-def health_latencies(url: str, until) -> list[float]:
-    """Poll /health until `until()` is true; each poll's latency."""
-    latencies = []
+def health_polls(url: str, until, answered: list[int]) -> None:
+    """Poll /health until `until()` is true, counting the answered polls in answered[0]."""
     with httpx.Client(timeout=120) as client:
         while not until():
-            start = time.perf_counter()
             assert client.get(f"{url}/health").status_code == 200
-            latencies.append(time.perf_counter() - start)
+            answered[0] += 1
             time.sleep(0.01)
-    return latencies
 
 
 @pytest.mark.parametrize(
@@ -74,35 +67,28 @@ def test_a_huge_request_neither_stalls_health_nor_slows_another_stream(tiny_llm,
         while len(stream.arrivals) < 3:
             assert time.monotonic() < deadline, "the stream never started"
             time.sleep(0.01)
-        start = time.perf_counter()
-        quiet = health_latencies(url, lambda: time.perf_counter() - start > 1.5)
-        quiet_end = time.perf_counter()
-
         done = threading.Event()
         result = {}
 
         def big() -> None:
-            result["response"] = httpx.post(f"{url}{route}", json=body, timeout=120)
+            with httpx.stream("POST", f"{url}{route}", json=body, timeout=120) as response:
+                result["polls"], result["chunks"] = answered[0], len(stream.arrivals)  # as the answer begins
+                result["status"] = response.status_code
+                response.read()
             done.set()
 
-        big_start = time.perf_counter()
+        answered = [0]
+        chunks_at_start = len(stream.arrivals)
         threading.Thread(target=big, daemon=True).start()
-        busy = health_latencies(url, done.is_set)
-        big_end = time.perf_counter()
-        window_end = max(big_end, big_start + (quiet_end - start))  # as long as the quiet window, at least
-        while time.perf_counter() < window_end:
-            time.sleep(0.01)
+        health_polls(url, done.is_set, answered)
         stream.close()
 
-    assert result["response"].status_code in (200, 400)
-    big_time = big_end - big_start
-    # The loop answered throughout: /health polls came back while the big request was being handled,
-    # each in a small fraction of its time (a blocked loop answers none until it is done).
-    assert len(busy) >= 3, f"{len(busy)} health checks answered during {big_time:.2f} s"
-    assert max(busy) <= max(0.25 * big_time, 10 * max(quiet)), (max(busy), big_time, max(quiet))
-    quiet_gaps, busy_gaps = stream.gaps(start, quiet_end), stream.gaps(big_start, window_end)
-    assert busy_gaps, "the stream sent nothing while the big request was handled"
-    assert statistics.mean(busy_gaps) <= 2 * statistics.mean(quiet_gaps), (busy_gaps, quiet_gaps)
+    assert result["status"] == 200
+    polls = result["polls"]
+    # The loop answered and streamed throughout: a blocked one does neither until the request is done.
+    assert polls >= 10, f"{polls} health checks answered while the big request was handled"
+    streamed = result["chunks"] - chunks_at_start
+    assert streamed >= 3, f"the stream sent {streamed} chunks while the big request was handled"
 
 
 def test_a_connection_that_stalls_before_its_headers_end_is_closed(tiny_llm):
