@@ -83,9 +83,14 @@ def gemma3_llm(gemma3_gguf):
 
 
 def build_tiny_checkpoint(name: str, out_dir: Path) -> Path:
+    class_name, extra = TINY_CONFIGS[name]
+    return build_checkpoint(class_name, extra, out_dir)
+
+
+def build_checkpoint(class_name: str, extra: dict, out_dir: Path) -> Path:
+    """A random-weight checkpoint of transformers' `class_name` (TINY_COMMON overridden by `extra`)."""
     import transformers
 
-    class_name, extra = TINY_CONFIGS[name]
     config = getattr(transformers, class_name)(**{**TINY_COMMON, **extra})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -24,7 +24,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SHARED_HEADER = CSRC / "simd.h"  # included by every kernel, so part of every build hash
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
 
@@ -82,9 +81,10 @@ def _load(source: Path) -> ctypes.CDLL:
 
 def library_path(source: Path, compiler: str) -> Path:
     """Where the build of `source` by `compiler` lives: named by a hash of the source, the shared
-    header, the flags and the compiler's version, so a change to any of them builds anew."""
+    headers, the flags and the compiler's version, so a change to any of them builds anew."""
     key = hashlib.sha256()
-    for part in (source.read_bytes(), SHARED_HEADER.read_bytes(), " ".join(FLAGS).encode(), compiler_version(compiler)):
+    headers = [h.read_bytes() for h in sorted(CSRC.glob("*.h"))]  # any kernel may include any of them
+    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler_version(compiler)):
         key.update(part)
         key.update(b"\0")
     return build_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -130,7 +130,7 @@ def _usable_dir(folder: Path) -> bool:
 def _compile(compiler: str, source: Path, library: Path) -> None:
     logger.info("compiling %s", source.name)
     partial = library.with_suffix(f".{os.getpid()}.tmp")  # per process: concurrent first uses never share it
-    command = [compiler, *FLAGS, f"-I{SHARED_HEADER.parent}", str(source), "-o", str(partial), "-lm"]
+    command = [compiler, *FLAGS, f"-I{CSRC}", str(source), "-o", str(partial), "-lm"]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as err:

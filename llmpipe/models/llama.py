@@ -19,6 +19,7 @@ from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear, linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
+from llmpipe.models.llama_decode_step import LlamaDecodeStep
 from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
 
@@ -97,14 +98,29 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.config = cfg
+        self.fused_decode = True  # False: decode layer by layer too (the path the fused step is tested against)
+        self._decode_step: LlamaDecodeStep | None | bool = False  # False: not built yet (built at the first decode)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], metas: list[AttentionMetadata]) -> torch.Tensor:
         """metas: each layer's attention metadata (layers of one KV cache group share one)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        if LlamaDecodeStep.batch_fits(x, rope[0], metas):
+            step = self.decode_step()
+            if step is not None and step.caches_fit(kv_caches):
+                return self.norm(step(x, *rope, kv_caches, metas[0]))
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
+
+    def decode_step(self) -> LlamaDecodeStep | None:
+        """The whole-stack decode kernel for this body, where it applies (built at the first decode step)."""
+        if not self.fused_decode or type(self) is not LlamaModel:
+            return None
+        if self._decode_step is False:
+            self._decode_step = LlamaDecodeStep.build(self.layers, self.config)
+        return self._decode_step
 
 
 class LlamaForCausalLM(nn.Module):

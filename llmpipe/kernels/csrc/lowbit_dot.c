@@ -13,155 +13,12 @@
  * M activation rows (decode batch) share each weight read.
  */
 #include <immintrin.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "simd.h"
-
-#define BLOCK 32
-
-static inline int64_t num_groups(int64_t K, int64_t group) { return (K + group - 1) / group; }
-
-/* Row x[K] → qx[K] int8, dx[K / 32] block scales, xsum[G] float sums per weight group. */
-void quantize_rows_q8(const float *x, int64_t M, int64_t K, int64_t group, int8_t *qx, float *dx, float *xsum) {
-    const int64_t G = num_groups(K, group);
-    for (int64_t m = 0; m < M; m++) {
-        const float *xr = x + m * K;
-        for (int64_t g = 0; g < G; g++) xsum[m * G + g] = 0.0f;
-        for (int64_t b = 0; b < K / BLOCK; b++) {
-            const float *xb = xr + b * BLOCK;
-            float amax = 0.0f, sum = 0.0f;
-            for (int i = 0; i < BLOCK; i++) {
-                amax = fmaxf(amax, fabsf(xb[i]));
-                sum += xb[i];
-            }
-            const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            dx[m * (K / BLOCK) + b] = amax / 127.0f;
-            for (int i = 0; i < BLOCK; i++) qx[m * K + b * BLOCK + i] = (int8_t)nearbyintf(xb[i] * inv);
-            xsum[m * G + b * BLOCK / group] += sum;
-        }
-    }
-}
-
-/* ---- AVX2 ------------------------------------------------------------------------------------ */
-
-static inline __m256i int4_codes(const uint8_t *bytes) { /* 16 bytes → 32 codes 0..15, in element order */
-    __m128i b = _mm_loadu_si128((const __m128i *)bytes);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-}
-
-static inline __m256 dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum of 4 products */
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
-}
-
-/* One output row n against MR activation rows: acc[m] gathers scale * dx * dot per chunk. */
-#define DEFINE_ROW_AVX2(NAME, WEIGHT_T, ROW_BYTES, DOT)                                                   \
-    static inline __attribute__((always_inline)) void NAME(                                              \
-        const WEIGHT_T *row, const float *scale, const int8_t *qx, const float *dx, int64_t K, int64_t group, \
-        const int32_t *cg, float *out, const int MR, const float *offset, const float *xsum) {          \
-        const int64_t G = num_groups(K, group), B = K / BLOCK;                                           \
-        __m256 acc[8][2];                                                                                \
-        for (int m = 0; m < MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();                        \
-        for (int64_t c = 0; c < B; c++) {                                                                \
-            const float s = scale[cg[c]];                                                    \
-            DOT##_PREPARE(row + c * (ROW_BYTES));                                                        \
-            for (int m = 0; m < MR; m++) {                                                               \
-                __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + m * K + c * BLOCK));               \
-                acc[m][c & 1] = _mm256_fmadd_ps(DOT(xq), _mm256_set1_ps(s * dx[m * B + c]), acc[m][c & 1]); \
-            }                                                                                            \
-        }                                                                                                \
-        for (int m = 0; m < MR; m++) {                                                                   \
-            out[m] = hsum(_mm256_add_ps(acc[m][0], acc[m][1]));                                          \
-            if (offset) /* INT4's offset term */                                                         \
-                for (int64_t g = 0; g < G; g++) out[m] += offset[g] * xsum[m * G + g];                   \
-        }                                                                                                \
-    }
-
-#define INT4_AVX2_PREPARE(p) const __m256i w = int4_codes((const uint8_t *)(p))
-#define INT4_AVX2(xq) dot_u8s8(w, xq)
-#define INT8_AVX2_PREPARE(p) const __m256i w = _mm256_loadu_si256((const __m256i *)(p)); \
-    const __m256i wabs = _mm256_sign_epi8(w, w)
-#define INT8_AVX2(xq) dot_u8s8(wabs, _mm256_sign_epi8(xq, w))
-
-DEFINE_ROW_AVX2(int4_row_avx2, uint8_t, BLOCK / 2, INT4_AVX2)
-DEFINE_ROW_AVX2(int8_row_avx2, int8_t, BLOCK, INT8_AVX2)
-
-/* ---- AVX512-VNNI: two chunks (64 weights) per dpbusd ------------------------------------------- */
-
-#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
-
-VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 64 codes, chunk by chunk */
-    __m256i b = _mm256_loadu_si256((const __m256i *)bytes);
-    __m256i lo = _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
-    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F));
-    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); /* lo0 lo1 hi0 hi1 */
-    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));         /* lo0 hi0 lo1 hi1 */
-}
-
-#define DEFINE_ROW_VNNI(NAME, WEIGHT_T, ROW_BYTES, PREPARE, SIGNED)                                      \
-    VNNI static inline __attribute__((always_inline)) void NAME(const WEIGHT_T *row, const float *scale, const int8_t *qx, const float *dx,  \
-                          int64_t K, int64_t group, const int32_t *cg, float *out, const int MR, const float *offset,      \
-                          const float *xsum) {                                                          \
-        const int64_t B = K / BLOCK, G = num_groups(K, group);                                           \
-        __m512 acc[8];                                                                                   \
-        for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();                                       \
-        /* INT4's offset term, 16 groups a step, folded into the accumulator before its one reduction */ \
-        if (offset)                                                                                      \
-            for (int64_t g = 0; g < G; g += 16) {                                                        \
-                const __mmask16 k = G - g >= 16 ? 0xFFFF : (__mmask16)((1u << (G - g)) - 1);             \
-                const __m512 o = _mm512_maskz_loadu_ps(k, offset + g);                                   \
-                for (int m = 0; m < MR; m++)                                                             \
-                    acc[m] = _mm512_fmadd_ps(o, _mm512_maskz_loadu_ps(k, xsum + m * G + g), acc[m]);     \
-            }                                                                                            \
-        int64_t c = 0;                                                                                   \
-        for (; c + 1 < B; c += 2) {                                                                      \
-            const float s0 = scale[cg[c]], s1 = scale[cg[c + 1]];             \
-            PREPARE(row + c * (ROW_BYTES));                                                              \
-            for (int m = 0; m < MR; m++) {                                                               \
-                __m512i xq = _mm512_loadu_si512((const void *)(qx + m * K + c * BLOCK));                 \
-                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, SIGNED(xq));                  \
-                __m512 k = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0 * dx[m * B + c]),              \
-                                                _mm512_set1_ps(s1 * dx[m * B + c + 1]));                 \
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[m]);                              \
-            }                                                                                            \
-        }                                                                                                \
-        for (int m = 0; m < MR; m++) out[m] = _mm512_reduce_add_ps(acc[m]);                              \
-        if (c < B) { /* an odd chunk count: the last one at 256 bits */                                 \
-            const float s = scale[cg[c]];                                                    \
-            PREPARE##_TAIL(row + c * (ROW_BYTES));                                                       \
-            for (int m = 0; m < MR; m++) {                                                               \
-                __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + m * K + c * BLOCK));               \
-                __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wt, SIGNED##_TAIL(xq));           \
-                out[m] += s * dx[m * B + c] * hsum(_mm256_cvtepi32_ps(d));                               \
-            }                                                                                            \
-        }                                                                                                \
-    }
-
-#define INT4_VNNI_PREPARE(p) const __m512i w = int4_codes2((const uint8_t *)(p))
-#define INT4_VNNI_PREPARE_TAIL(p) const __m256i wt = int4_codes((const uint8_t *)(p))
-#define AS_IS(xq) (xq)
-#define AS_IS_TAIL(xq) (xq)
-#define INT8_VNNI_PREPARE(p) const __m512i wraw = _mm512_loadu_si512((const void *)(p)); \
-    const __m512i w = _mm512_abs_epi8(wraw); const __mmask64 neg = _mm512_movepi8_mask(wraw)
-#define INT8_VNNI_PREPARE_TAIL(p) const __m256i wraw_t = _mm256_loadu_si256((const __m256i *)(p)); \
-    const __m256i wt = _mm256_sign_epi8(wraw_t, wraw_t)
-#define NEGATED(xq) _mm512_mask_sub_epi8(xq, neg, _mm512_setzero_si512(), xq)
-#define NEGATED_TAIL(xq) _mm256_sign_epi8(xq, wraw_t)
-
-DEFINE_ROW_VNNI(int4_row_vnni, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
-DEFINE_ROW_VNNI(int8_row_vnni, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
+#include "lowbit_q8_rows.h"
 
 /* ---- entry points ------------------------------------------------------------------------------ */
-
-static int use_vnni(void) {
-    static int cached = -1;
-    if (cached < 0)
-        cached = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                 __builtin_cpu_supports("avx512vnni");
-    return cached;
-}
 
 int has_vnni(void) { return use_vnni(); }
 
@@ -200,14 +57,6 @@ DEFINE_INT4_LINEAR(int4_q8_avx2, NO_ATTR, int4_row_avx2)
 DEFINE_INT4_LINEAR(int4_q8_vnni, VNNI, int4_row_vnni)
 DEFINE_INT8_LINEAR(int8_q8_avx2, NO_ATTR, int8_row_avx2)
 DEFINE_INT8_LINEAR(int8_q8_vnni, VNNI, int8_row_vnni)
-
-/* The group of each 32-element chunk: looked up in the inner loops, where dividing by a run-time
- * group size would cost an integer division per chunk. */
-static int32_t *chunk_groups(int64_t K, int64_t group) {
-    int32_t *cg = malloc(sizeof(int32_t) * (K / BLOCK));
-    for (int64_t c = 0; c < K / BLOCK; c++) cg[c] = (int32_t)(c * BLOCK / group);
-    return cg;
-}
 
 /* y[M <= 8, N] = x[M, K] @ W^T, x quantized here (quantize_rows_q8); `isa`: 0 AVX2, 1 VNNI where the CPU has it. */
 void int4_linear_q8(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,

@@ -1,6 +1,13 @@
 /* AVX2 helpers shared by llmpipe's C kernels (compiled with -I pointing here). */
 #pragma once
 #include <immintrin.h>
+#include <stdint.h>
+
+#define MAX_ROWS 8 /* activation rows per call (the caller splits larger batches) */
+
+/* Weight groups of a K-wide row: the last may be narrower than `group`. */
+static inline int64_t num_groups(int64_t K, int64_t group) { return (K + group - 1) / group; }
+static inline int64_t group_end(int64_t g, int64_t K, int64_t group) { return (g + 1) * group < K ? (g + 1) * group : K; }
 
 /* The sum of a vector's eight floats. */
 static inline float hsum(__m256 v) {

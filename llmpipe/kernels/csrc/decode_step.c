@@ -1,0 +1,263 @@
+/* A Llama-family decode step in one call: every layer of a decode-only batch of up to MAX_ROWS rows,
+ * inside one OpenMP parallel region, the threads meeting at a barrier between the stages of a layer:
+ *
+ *   RMSNorm → qkv → RoPE + K/V write → attention → o (+ residual) → RMSNorm → gate/up → SiLU · up → down (+ residual)
+ *
+ * At batch 1 the model is a few hundred small matrix-vector products; run one kernel call (and one
+ * thread fork/join) each, the calls and the Python between them cost more than the weights take to
+ * stream. Here each thread owns a fixed slice of every weight's output rows, so it streams the same
+ * bytes every step, and the per-op dispatch is gone. The arithmetic is the per-op kernels' own (the
+ * same row functions, the same row split into pairs), so each linear's result is theirs bit for bit.
+ *
+ * Weights, per linear (LinearDesc, as layers/decode_step.py lays it out):
+ *   F32:  float [N, K]
+ *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
+ *   INT8: codes [N, K], scale [N, G]
+ * with q8 = 1 taking the integer-dot path (activations quantized to int8 blocks, lowbit_dot.c).
+ * x [B, hidden] is the residual stream, updated in place. cos / sin [B, D]; the cache of each layer
+ * [2, num_blocks, block_size, KVH, D]; slots [B], tables [B, W], lens [B]: paged_attention.c's.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_rows.h"
+#include "float_rows.h"
+#include "lowbit_float_rows.h"
+#include "lowbit_q8_rows.h"
+
+enum { F32 = 0, INT4 = 1, INT8 = 2 };
+
+typedef struct {
+    int64_t kind, q8;
+    const void *weight; /* F32 weights or low-bit codes */
+    const float *scale, *offset, *bias; /* offset: INT4 only; bias may be NULL */
+    int64_t N, K, group;
+} LinearDesc;
+
+typedef struct {
+    const float *input_norm, *post_norm;
+    LinearDesc qkv, o, gate_up, down;
+    float *kv_cache;
+} LayerDesc;
+
+/* Per-thread buffers, sized for the widest input (K) and output slice. */
+typedef struct {
+    float *xn, *y, *y2, *xsum, *dx, *tmp;
+    int8_t *qx;
+    int32_t *cg;
+} Scratch;
+
+static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
+    Scratch s;
+    s.xn = malloc(sizeof(float) * B * K);
+    s.y = malloc(sizeof(float) * B * slice);
+    s.y2 = malloc(sizeof(float) * B * slice);
+    s.xsum = malloc(sizeof(float) * B * (K / BLOCK));
+    s.dx = malloc(sizeof(float) * B * (K / BLOCK));
+    s.tmp = malloc(sizeof(float) * K);
+    s.qx = malloc(B * K);
+    s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
+    return s;
+}
+
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->cg); }
+
+/* This thread's output rows [n0, n1) of N: whole pairs, so batch 1 runs the per-op kernel's pair functions. */
+static void row_range(int64_t N, int64_t *n0, int64_t *n1) {
+    const int64_t nth = omp_get_num_threads(), pairs = (N + 1) / 2, per = (pairs + nth - 1) / nth;
+    const int64_t start = omp_get_thread_num() * per * 2, end = start + per * 2;
+    *n0 = start < N ? start : N;
+    *n1 = end < N ? end : N;
+}
+
+/* out[m] = x[m] / rms(x[m]) * w, as torch.rms_norm computes in float32. */
+static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B, int64_t K, float eps) {
+    for (int64_t m = 0; m < B; m++) {
+        const float *xr = x + m * K;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8) {
+            __m256 v = _mm256_loadu_ps(xr + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const float rstd = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+        for (int64_t k = 0; k < K; k++) out[m * K + k] = xr[k] * rstd * w[k];
+    }
+}
+
+/* ---- one thread's slice of a linear: y[m, n - n0] for n in [n0, n1) ------------------------------- */
+
+static void group_sums(const float *x, int64_t B, int64_t K, int64_t group, float *xsum) { /* as int4_linear's */
+    const int64_t G = num_groups(K, group);
+    for (int64_t m = 0; m < B; m++)
+        for (int64_t g = 0; g < G; g++) {
+            float s = 0;
+            for (int64_t k = g * group; k < group_end(g, K, group); k++) s += x[m * K + k];
+            xsum[m * G + g] = s;
+        }
+}
+
+static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    const int64_t K = w->K, group = w->group, G = num_groups(K, group), width = n1 - n0;
+    float *y = s->y;
+    if (w->kind == F32) {
+        const float *W = w->weight;
+#define F32_ROWS(MR) for (int64_t n = n0; n < n1; n++) output_row(x, W + n * K, y, n - n0, width, K, MR)
+        FOR_ROWS(B, F32_ROWS)
+        return;
+    }
+    const float *scale = w->scale, *offset = w->offset;
+    if (w->kind == INT4) {
+        const uint8_t *codes = w->weight;
+        group_sums(x, B, K, group, s->xsum);
+        if (B == 1) {
+            int64_t n = n0;
+            for (; n + 1 < n1; n += 2)
+                int4_pair(x, codes + n * (K / 2), scale + n * G, offset + n * G, s->xsum, y + n - n0, K, group);
+            if (n < n1) int4_row(x, codes + n * (K / 2), scale + n * G, offset + n * G, s->xsum, y, n - n0, width, K, group, 1);
+            return;
+        }
+#define INT4_EXACT_ROWS(MR) \
+    for (int64_t n = n0; n < n1; n++) int4_row(x, codes + n * (K / 2), scale + n * G, offset + n * G, s->xsum, y, n - n0, width, K, group, MR)
+        FOR_ROWS(B, INT4_EXACT_ROWS)
+        return;
+    }
+    const int8_t *codes = w->weight;
+    if (B == 1) {
+        int64_t n = n0;
+        for (; n + 1 < n1; n += 2) int8_pair(x, codes + n * K, scale + n * G, y + n - n0, K, group);
+        if (n < n1) int8_row(x, codes + n * K, scale + n * G, y, n - n0, width, K, group, 1);
+        return;
+    }
+#define INT8_EXACT_ROWS(MR) for (int64_t n = n0; n < n1; n++) int8_row(x, codes + n * K, scale + n * G, y, n - n0, width, K, group, MR)
+    FOR_ROWS(B, INT8_EXACT_ROWS)
+}
+
+/* The integer-dot slice, once per ISA (the VNNI row functions inline only into VNNI code). */
+#define Q8_ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                              \
+    for (int64_t n = n0; n < n1; n++) {                                                                 \
+        float out[MAX_ROWS];                                                                            \
+        ROW((const void *)(codes + n * (ROW_BYTES)), scale + n * G, s->qx, s->dx, K, group, s->cg, out, MR, \
+            OFFSET, s->xsum);                                                                           \
+        for (int m = 0; m < MR; m++) s->y[m * (n1 - n0) + n - n0] = out[m];                             \
+    }
+#define DEFINE_Q8_SLICE(NAME, ATTR)                                                  \
+    ATTR static void NAME(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, Scratch *s) {          \
+        const int64_t K = w->K, group = w->group, G = num_groups(K, group);                             \
+        const float *scale = w->scale, *offset = w->offset;                                             \
+        if (w->kind == INT4) {                                                                          \
+            const uint8_t *codes = w->weight;                                                           \
+            FOR_ROWS(B, NAME##_INT4)                                                                    \
+        } else {                                                                                        \
+            const int8_t *codes = w->weight;                                                            \
+            FOR_ROWS(B, NAME##_INT8)                                                                    \
+        }                                                                                               \
+    }
+#define q8_slice_avx2_INT4(MR) Q8_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
+#define q8_slice_avx2_INT8(MR) Q8_ROWS(int8_row_avx2, MR, K, NULL)
+#define q8_slice_vnni_INT4(MR) Q8_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
+#define q8_slice_vnni_INT8(MR) Q8_ROWS(int8_row_vnni, MR, K, NULL)
+DEFINE_Q8_SLICE(q8_slice_avx2, )
+DEFINE_Q8_SLICE(q8_slice_vnni, VNNI)
+
+/* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
+static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    if (n0 >= n1) return;
+    if (w->q8 && w->kind != F32) {
+        quantize_rows_q8(x, B, w->K, w->group, s->qx, s->dx, s->xsum);
+        for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);
+        (use_vnni() ? q8_slice_vnni : q8_slice_avx2)(w, B, n0, n1, s);
+    } else {
+        exact_slice(w, x, B, n0, n1, s);
+    }
+    if (w->bias)
+        for (int64_t m = 0; m < B; m++)
+            for (int64_t n = n0; n < n1; n++) s->y[m * (n1 - n0) + n - n0] += w->bias[n];
+}
+
+/* dst[m, n] = (or +=) w · x for this thread's rows of w. */
+static void linear_into(const LinearDesc *w, const float *x, int64_t B, float *dst, int64_t ld, int add, Scratch *s) {
+    int64_t n0, n1;
+    row_range(w->N, &n0, &n1);
+    linear_slice(w, x, B, n0, n1, s);
+    for (int64_t m = 0; m < B; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            const float v = s->y[m * (n1 - n0) + n - n0];
+            dst[m * ld + n] = add ? dst[m * ld + n] + v : v;
+        }
+}
+
+/* act[m, n] = silu(gate[m, n]) * up[m, n], gate and up the two halves of gate_up's rows: each thread
+ * computes the same slice of both, so the product needs no barrier. */
+static void gate_up_silu(const LinearDesc *w, const float *x, int64_t B, float *act, Scratch *s) {
+    const int64_t I = w->N / 2;
+    int64_t n0, n1;
+    row_range(I, &n0, &n1);
+    if (n0 >= n1) return;
+    const int64_t width = n1 - n0;
+    linear_slice(w, x, B, n0, n1, s);
+    float *gate = s->y;
+    s->y = s->y2, s->y2 = gate; /* the up slice goes to the other buffer */
+    linear_slice(w, x, B, I + n0, I + n1, s);
+    for (int64_t m = 0; m < B; m++)
+        for (int64_t n = 0; n < width; n++) {
+            const float g = gate[m * width + n], u = s->y[m * width + n];
+            act[m * I + n0 + n] = g / (1.0f + expf(-g)) * u;
+        }
+}
+
+void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H,
+                 int64_t KVH, int64_t D, float eps, float scale, int64_t window, const float *cos, const float *sin,
+                 const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
+                 int64_t num_blocks, int64_t block_size) {
+    const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2, group = H / KVH;
+    const int64_t token_stride = KVH * D, block_stride = block_size * token_stride;
+    int64_t widest = hidden > I ? hidden : I;
+    widest = widest > H * D ? widest : H * D;
+    const int64_t slice = widest > width ? widest : width;
+    float *qkv = malloc(sizeof(float) * B * width), *attn = malloc(sizeof(float) * B * H * D);
+    float *act = malloc(sizeof(float) * B * I);
+#pragma omp parallel
+    {
+        Scratch s = scratch_new(B, widest, slice);
+        for (int64_t l = 0; l < num_layers; l++) {
+            const LayerDesc *layer = layers + l;
+            float *cache = layer->kv_cache, *values = cache + num_blocks * block_stride;
+            rms_norm_rows(x, layer->input_norm, s.xn, B, hidden, eps); /* every thread its own copy: no barrier */
+            linear_into(&layer->qkv, s.xn, B, qkv, width, 0, &s);
+#pragma omp barrier
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < B * (H + KVH); task++) { /* RoPE on q and k heads; K/V to the cache */
+                const int64_t b = task / (H + KVH), h = task % (H + KVH);
+                float *head = qkv + b * width + h * D;
+                rotate_half(head, cos + b * D, sin + b * D, D, s.tmp);
+                if (h >= H) {
+                    const int64_t kvh = h - H, at = slots[b] * token_stride + kvh * D;
+                    memcpy(cache + at, head, sizeof(float) * D);
+                    memcpy(values + at, qkv + b * width + (H + KVH + kvh) * D, sizeof(float) * D);
+                }
+            }
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < B * KVH; task++) {
+                const int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
+                const int64_t first = window > 0 && len > window ? len - window : 0, L = len - first;
+                float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
+                attend(qkv + b * width + kvh * group * D, cache + kvh * D, values + kvh * D, tables + b * table_width,
+                       first, L, group, block_size, token_stride, block_stride, D, scale, p,
+                       attn + (b * H + kvh * group) * D);
+                free(p);
+            }
+            linear_into(&layer->o, attn, B, x, hidden, 1, &s);
+#pragma omp barrier
+            rms_norm_rows(x, layer->post_norm, s.xn, B, hidden, eps);
+            gate_up_silu(&layer->gate_up, s.xn, B, act, &s);
+#pragma omp barrier
+            linear_into(&layer->down, act, B, x, hidden, 1, &s);
+#pragma omp barrier
+        }
+        scratch_free(&s);
+    }
+    free(qkv), free(attn), free(act);
+}

@@ -1,0 +1,121 @@
+"""The whole-stack decode kernel (models/llama_decode_step.py) against the layer-by-layer path it
+replaces, on tiny random checkpoints: float weights, INT4 and INT8 weights, float and int8
+activations, batches of several sequences, a sliding window, qkv bias, GQA / MHA / MQA."""
+
+import pytest
+import torch
+
+from llmpipe import LLM, SamplingParams
+from llmpipe.models.llama_decode_step import LlamaDecodeStep
+from tests.conftest import build_checkpoint
+
+PROMPTS = [
+    {"prompt_token_ids": [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150]},
+    {"prompt_token_ids": [1, 40, 41, 42]},
+    {"prompt_token_ids": [1, 9, 8, 7, 6, 5, 4, 3, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]},
+]
+# Every width a multiple of 32, so INT4 / INT8 layers run their kernels unpadded (as real checkpoints do).
+QUANTIZABLE = ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2))
+
+
+@pytest.fixture(scope="module")
+def quantizable_checkpoint(tmp_path_factory):
+    return build_checkpoint(*QUANTIZABLE, tmp_path_factory.mktemp("tiny_llama_q"))
+
+
+def run(llm: LLM, fused: bool, prompts: list[dict], steps: int = 24):
+    """Greedy outputs with every step's full log-distribution, and how many steps took the fused kernel."""
+    body = llm.engine.model.model
+    body.fused_decode = fused
+    calls = 0
+    step = body.decode_step()
+    original = type(step).__call__ if step is not None else None
+
+    def counting(self, *args):
+        nonlocal calls
+        calls += 1
+        return original(self, *args)
+
+    vocab = llm.engine.config.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=steps, ignore_eos=True, logprobs=vocab)
+    if original is not None:
+        type(step).__call__ = counting
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        if original is not None:
+            type(step).__call__ = original
+        body.fused_decode = True
+    dists = [torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in o.outputs[0].logprobs]) for o in outputs]
+    return [o.outputs[0].token_ids for o in outputs], dists, calls
+
+
+def assert_matches_layered(llm: LLM, atol: float, prompts=PROMPTS, near_tie: float = 0.0) -> None:
+    """Every step's distribution within atol and the same greedy tokens — or, with near_tie, the same
+    up to a step where the layered path's top-2 margin is below near_tie."""
+    fused_tokens, fused_dists, calls = run(llm, True, prompts)
+    layered_tokens, layered_dists, layered_calls = run(llm, False, prompts)
+    assert calls > 0 and layered_calls == 0
+    for ours, theirs, ours_dist, theirs_dist in zip(fused_tokens, layered_tokens, fused_dists, layered_dists):
+        same = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), len(ours))
+        if same < len(ours):
+            margin = theirs_dist[same].topk(2).values
+            assert margin[0] - margin[1] < near_tie, f"diverged at step {same}, top-2 margin {margin[0] - margin[1]}"
+        torch.testing.assert_close(ours_dist[: same + 1], theirs_dist[: same + 1], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mha", "llama_mqa", "llama3_rope", "mistral_window", "qwen2"])
+def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
+    """Float32 weights: the same math as the per-op path, to float32 rounding; alone and batched."""
+    llm = LLM(str(tiny_checkpoint(name)), progress=False)
+    assert llm.engine.model.model.decode_step() is not None
+    assert_matches_layered(llm, atol=2e-5)
+    assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS[:1])
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_quantized_model_matches_layer_by_layer(quantizable_checkpoint, quantization):
+    """INT4 / INT8 weights with float activations: the same row kernels as the per-op path."""
+    llm = LLM(str(quantizable_checkpoint), quantization=quantization, progress=False)
+    assert llm.engine.model.model.decode_step() is not None
+    assert_matches_layered(llm, atol=2e-5)
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_int8_activations_as_close_to_exact_as_layer_by_layer(quantizable_checkpoint, quantization):
+    """int8 activation blocks run the same integer-dot kernels, but the fused norm and SiLU round in
+    the last bit differently from PyTorch's, and a last-bit change moves some activations across an
+    int8 rounding boundary: the fused result is another draw of the same quantization noise, not the
+    layered one's bits. So both are held to the exact (float-activation) model: the fused step as
+    close to it as the layered path is, and greedy tokens the same up to a near tie (margin < 0.2)."""
+    path = str(quantizable_checkpoint)
+    exact_tokens, exact_dists, _ = run(LLM(path, quantization=quantization, progress=False), False, PROMPTS)
+    q8 = LLM(path, quantization=quantization, activation_quantization="int8", progress=False)
+    fused_tokens, fused_dists, calls = run(q8, True, PROMPTS)
+    _, layered_dists, _ = run(q8, False, PROMPTS)
+    assert calls > 0
+    for ours, exact, ours_dist, exact_dist, layered_dist in zip(fused_tokens, exact_tokens, fused_dists, exact_dists, layered_dists):
+        same = next((i for i, (a, b) in enumerate(zip(ours, exact)) if a != b), len(ours))
+        if same < len(ours):
+            top = exact_dist[same].topk(2).values
+            assert top[0] - top[1] < 0.2, f"diverged at step {same}, exact top-2 margin {top[0] - top[1]}"
+        fused_error = (ours_dist[: same + 1] - exact_dist[: same + 1]).abs().mean()
+        layered_error = (layered_dist[: same + 1] - exact_dist[: same + 1]).abs().mean()
+        assert fused_error <= 2 * layered_error + 1e-3, (fused_error, layered_error)
+
+
+def test_other_bodies_and_caches_keep_the_layered_path(tiny_checkpoint):
+    qwen3 = LLM(str(tiny_checkpoint("qwen3")), progress=False)  # q/k norms: not in the kernel
+    assert qwen3.engine.model.model.decode_step() is None
+    gemma = LLM(str(tiny_checkpoint("gemma3")), progress=False)  # another body
+    assert not hasattr(gemma.engine.model.model, "decode_step") or gemma.engine.model.model.decode_step() is None
+    quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int8", progress=False)
+    step = quantized_cache.engine.model.model.decode_step()
+    assert not step.caches_fit(quantized_cache.engine.runner.kv_cache.layers)
+    _, _, calls = run(quantized_cache, True, PROMPTS[:1], steps=4)
+    assert calls == 0
+
+
+def test_bfloat16_model_keeps_the_layered_path(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint("llama_gqa")), dtype="bfloat16", progress=False)
+    assert LlamaDecodeStep.build(llm.engine.model.model.layers, llm.engine.model.config) is None
