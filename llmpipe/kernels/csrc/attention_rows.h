@@ -7,49 +7,133 @@
 
 #include "simd.h"
 
-static inline float dot(const float *a, const float *b, int64_t D) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    return hsum(acc);
+/* e^x for x <= 0 (softmax after subtracting the maximum), 8 lanes: Cephes' expf polynomial (within ~2 ulp
+ * of libm's expf), inputs below -87.3 clamped to it (e^-87.3 ~ 1e-38: zero next to the maximum's 1). */
+static inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365447504f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* x - n ln 2, in two parts */
+    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, _mm256_mul_ps(x, x), x), _mm256_set1_ps(1.0f));
+    const __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
-/* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. */
+/* p[0..L) = softmax(p[0..L)) in place. */
+static inline void softmax_in_place(float *p, int64_t L) {
+    float top = -INFINITY, total = 0;
+    for (int64_t t = 0; t < L; t++) top = p[t] > top ? p[t] : top;
+    const __m256 shift = _mm256_set1_ps(top);
+    __m256 sums = _mm256_setzero_ps();
+    int64_t t = 0;
+    for (; t + 8 <= L; t += 8) {
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), shift));
+        _mm256_storeu_ps(p + t, e);
+        sums = _mm256_add_ps(sums, e);
+    }
+    if (t < L) { /* the last few, through a zero-padded lane set (exp of the padding is dropped) */
+        float rest[8] = {0};
+        memcpy(rest, p + t, sizeof(float) * (L - t));
+        __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(rest), shift));
+        _mm256_storeu_ps(rest, e);
+        for (int64_t i = 0; i < L - t; i++) total += (p[t + i] = rest[i]);
+    }
+    total += hsum(sums);
+    const float inv = 1.0f / total;
+    for (t = 0; t < L; t++) p[t] *= inv;
+}
+
+/* Position `pos`'s row in a paged cache (K or V base `cache`): the block from the table, then the offset. */
+static inline const float *cached_row(const float *cache, const int64_t *table, int64_t pos, int64_t block_size,
+                                      int64_t token_stride, int64_t block_stride) {
+    return cache + table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
+}
+
+/* p[h * L + t] = scale * <q_h, k_t> for HEADS (1..8, a literal) heads at once: one independent FMA chain
+ * per head over k_t, which is read once for all of them. */
+static inline __attribute__((always_inline)) void head_scores(const float *q, const float *k, const int HEADS, int64_t D,
+                                                              float scale, float *p, int64_t L, int64_t t) {
+    __m256 acc[8];
+    for (int h = 0; h < HEADS; h++) acc[h] = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 kd = _mm256_loadu_ps(k + d);
+        for (int h = 0; h < HEADS; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), kd, acc[h]);
+    }
+    for (int h = 0; h < HEADS; h++) p[h * L + t] = hsum(acc[h]) * scale;
+}
+
+/* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. Scores, then a
+ * softmax per head, then the weighted values 64 dimensions at a time in registers. Positions are walked
+ * block by block (one division per block, not per position). */
 static void attend(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
                    int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
                    int64_t D, float scale, float *p, float *out) {
-    for (int64_t t = 0; t < L; t++) {
-        int64_t pos = first + t;
-        const float *k = keys + table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
-        for (int64_t h = 0; h < group; h++) p[h * L + t] = dot(q + h * D, k, D) * scale;
+    for (int64_t t = 0; t < L;) {
+        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t;
+        const float *k = cached_row(keys, table, pos, block_size, token_stride, block_stride);
+        for (int64_t j = 0; j < run; j++, t++, k += token_stride)
+            for (int64_t h0 = 0; h0 < group; h0 += 8) {
+                const int64_t heads = group - h0 < 8 ? group - h0 : 8;
+#define SCORES(HEADS) head_scores(q + h0 * D, k, HEADS, D, scale, p + h0 * L, L, t)
+                FOR_ROWS(heads, SCORES)
+#undef SCORES
+            }
     }
+    for (int64_t h = 0; h < group; h++) softmax_in_place(p + h * L, L);
     for (int64_t h = 0; h < group; h++) {
-        float *ph = p + h * L, top = -INFINITY, total = 0;
-        for (int64_t t = 0; t < L; t++) top = ph[t] > top ? ph[t] : top;
-        for (int64_t t = 0; t < L; t++) total += (ph[t] = expf(ph[t] - top));
-        for (int64_t t = 0; t < L; t++) ph[t] /= total;
+        const float *ph = p + h * L;
+        for (int64_t strip = 0; strip < D; strip += 64) {
+            const int64_t lanes = (D - strip < 64 ? D - strip : 64) / 8;
+            __m256 acc[8];
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+#define WEIGHTED_VALUES(LANES)                                                                                  \
+    for (int64_t t = 0; t < L;) {                                                                               \
+        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t; \
+        const float *v = cached_row(values, table, pos, block_size, token_stride, block_stride) + strip;       \
+        for (int64_t j = 0; j < run; j++, t++, v += token_stride) {                                             \
+            const __m256 w = _mm256_set1_ps(ph[t]);                                                             \
+            for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);   \
+        }                                                                                                       \
     }
-    memset(out, 0, sizeof(float) * group * D);
-    for (int64_t t = 0; t < L; t++) {
-        int64_t pos = first + t;
-        const float *v = values + table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
-        for (int64_t h = 0; h < group; h++) {
-            __m256 w = _mm256_set1_ps(p[h * L + t]);
-            float *o = out + h * D;
-            for (int64_t d = 0; d < D; d += 8)
-                _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(v + d), _mm256_loadu_ps(o + d)));
+            if (lanes == 8) { /* a literal bound: the accumulators stay in registers */
+                WEIGHTED_VALUES(8)
+            } else {
+                WEIGHTED_VALUES(lanes)
+            }
+#undef WEIGHTED_VALUES
+            for (int i = 0; i < lanes; i++) _mm256_storeu_ps(out + h * D + strip + 8 * i, acc[i]);
         }
     }
 }
 
 /* RoPE (rotate-half) of one head vector in place, as PyTorch's x * cos + rotate_half(x) * sin: two
- * products and one add per element, never contracted into an FMA, so the bits are PyTorch's. */
+ * products and one add per element, never contracted into an FMA, so the bits are PyTorch's (8 lanes
+ * at a time where D / 2 is a multiple of 8). */
 __attribute__((optimize("fp-contract=off"))) static void rotate_half(float *x, const float *cos, const float *sin,
                                                                       int64_t D, float *tmp) {
     const int64_t half = D / 2;
-    for (int64_t i = 0; i < D; i++) {
-        float partner = i < half ? -x[i + half] : x[i - half];
-        float a = x[i] * cos[i], b = partner * sin[i];
-        tmp[i] = a + b;
+    if (half % 8 == 0) {
+        for (int64_t i = 0; i < half; i += 8) {
+            const __m256 lo = _mm256_loadu_ps(x + i), hi = _mm256_loadu_ps(x + half + i);
+            const __m256 neg_hi = _mm256_sub_ps(_mm256_setzero_ps(), hi);
+            _mm256_storeu_ps(tmp + i, _mm256_add_ps(_mm256_mul_ps(lo, _mm256_loadu_ps(cos + i)),
+                                                    _mm256_mul_ps(neg_hi, _mm256_loadu_ps(sin + i))));
+            _mm256_storeu_ps(tmp + half + i, _mm256_add_ps(_mm256_mul_ps(hi, _mm256_loadu_ps(cos + half + i)),
+                                                           _mm256_mul_ps(lo, _mm256_loadu_ps(sin + half + i))));
+        }
+    } else {
+        for (int64_t i = 0; i < D; i++) {
+            float partner = i < half ? -x[i + half] : x[i - half];
+            float a = x[i] * cos[i], b = partner * sin[i];
+            tmp[i] = a + b;
+        }
     }
     memcpy(x, tmp, sizeof(float) * D);
 }

@@ -65,13 +65,9 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
 
 static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->cg); }
 
-/* This thread's output rows [n0, n1) of N: whole pairs, so batch 1 runs the per-op kernel's pair functions. */
-static void row_range(int64_t N, int64_t *n0, int64_t *n1) {
-    const int64_t nth = omp_get_num_threads(), pairs = (N + 1) / 2, per = (pairs + nth - 1) / nth;
-    const int64_t start = omp_get_thread_num() * per * 2, end = start + per * 2;
-    *n0 = start < N ? start : N;
-    *n1 = end < N ? end : N;
-}
+/* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
+ * four-row functions on the same rows, for the same bits). */
+static void row_range(int64_t N, int64_t *n0, int64_t *n1) { thread_rows(N, 4, n0, n1); }
 
 /* out[m] = x[m] / rms(x[m]) * w, as torch.rms_norm computes in float32. */
 static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B, int64_t K, float eps) {
@@ -139,22 +135,33 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 #define Q8_ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                              \
     for (int64_t n = n0; n < n1; n++) {                                                                 \
         float out[MAX_ROWS];                                                                            \
-        ROW((const void *)(codes + n * (ROW_BYTES)), scale + n * G, s->qx, s->dx, K, group, s->cg, out, MR, \
-            OFFSET, s->xsum);                                                                           \
+        ROW((const void *)(codes + n * (ROW_BYTES)), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum); \
         for (int m = 0; m < MR; m++) s->y[m * (n1 - n0) + n - n0] = out[m];                             \
     }
 #define DEFINE_Q8_SLICE(NAME, ATTR)                                                  \
     ATTR static void NAME(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, Scratch *s) {          \
         const int64_t K = w->K, group = w->group, G = num_groups(K, group);                             \
         const float *scale = w->scale, *offset = w->offset;                                             \
+        const int8_t *qx = s->qx;                                                                       \
+        const float *dx = s->dx, *xsum = s->xsum;                                                       \
+        const int32_t *cg = s->cg;                                                                      \
         if (w->kind == INT4) {                                                                          \
             const uint8_t *codes = w->weight;                                                           \
+            NAME##_M1_INT4                                                                              \
             FOR_ROWS(B, NAME##_INT4)                                                                    \
         } else {                                                                                        \
             const int8_t *codes = w->weight;                                                            \
+            NAME##_M1_INT8                                                                              \
             FOR_ROWS(B, NAME##_INT8)                                                                    \
         }                                                                                               \
     }
+/* Batch 1 on VNNI takes the four-row functions (as lowbit_dot.c's entry points do); AVX2 its one-row ones. */
+#define q8_slice_avx2_M1_INT4
+#define q8_slice_avx2_M1_INT8
+#define q8_slice_vnni_M1_INT4 \
+    if (B == 1) { VNNI_M1_LOOP(int4_rows_vnni_m1, codes, K / 2, scale, offset, G, s->y); return; }
+#define q8_slice_vnni_M1_INT8 \
+    if (B == 1) { VNNI_M1_LOOP(int8_rows_vnni_m1, codes, K, scale, (const float *)NULL, G, s->y); return; }
 #define q8_slice_avx2_INT4(MR) Q8_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
 #define q8_slice_avx2_INT8(MR) Q8_ROWS(int8_row_avx2, MR, K, NULL)
 #define q8_slice_vnni_INT4(MR) Q8_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)

@@ -52,6 +52,21 @@ int has_vnni(void) { return use_vnni(); }
         FOR_ROWS(M, INT8_ROWS(ROW))                                                                     \
     }
 
+/* One activation row: four weight rows at a time, each thread a run of whole fours. */
+#define DEFINE_VNNI_M1_LINEAR(NAME, WEIGHT_T, ROWS, ROW_BYTES)                                          \
+    VNNI static void NAME(const int8_t *qx, const float *dx, const float *xsum, const WEIGHT_T *codes,  \
+                          const float *scale, const float *offset, float *y, int64_t N, int64_t K,      \
+                          int64_t group, const int32_t *cg) {                                           \
+        const int64_t G = num_groups(K, group);                                                         \
+        _Pragma("omp parallel") {                                                                       \
+            int64_t n0, n1;                                                                             \
+            thread_rows(N, 4, &n0, &n1);                                                                \
+            VNNI_M1_LOOP(ROWS, codes, ROW_BYTES, scale, offset, G, (y + n0));                           \
+        }                                                                                               \
+    }
+DEFINE_VNNI_M1_LINEAR(int4_q8_vnni_m1, uint8_t, int4_rows_vnni_m1, K / 2)
+DEFINE_VNNI_M1_LINEAR(int8_q8_vnni_m1, int8_t, int8_rows_vnni_m1, K)
+
 #define NO_ATTR
 DEFINE_INT4_LINEAR(int4_q8_avx2, NO_ATTR, int4_row_avx2)
 DEFINE_INT4_LINEAR(int4_q8_vnni, VNNI, int4_row_vnni)
@@ -65,7 +80,10 @@ void int4_linear_q8(const float *x, const uint8_t *codes, const float *scale, co
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
     quantize_rows_q8(x, M, K, group, qx, dx, xsum);
-    (isa && use_vnni() ? int4_q8_vnni : int4_q8_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg);
+    if (M == 1 && isa && use_vnni())
+        int4_q8_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg);
+    else
+        (isa && use_vnni() ? int4_q8_vnni : int4_q8_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg);
     free(qx), free(dx), free(xsum), free(cg);
 }
 
@@ -75,6 +93,9 @@ void int8_linear_q8(const float *x, const int8_t *codes, const float *scale, flo
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
     quantize_rows_q8(x, M, K, group, qx, dx, xsum);
-    (isa && use_vnni() ? int8_q8_vnni : int8_q8_avx2)(qx, dx, codes, scale, y, M, N, K, group, cg);
+    if (M == 1 && isa && use_vnni())
+        int8_q8_vnni_m1(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg);
+    else
+        (isa && use_vnni() ? int8_q8_vnni : int8_q8_avx2)(qx, dx, codes, scale, y, M, N, K, group, cg);
     free(qx), free(dx), free(xsum), free(cg);
 }

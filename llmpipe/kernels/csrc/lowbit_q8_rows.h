@@ -124,6 +124,49 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
         }                                                                                                \
     }
 
+/* One activation row (batch-1 decode) against NR weight rows at a time (rows `stride` bytes apart):
+ * each row's arithmetic is NAME's above with MR = 1, in the same order (so the same bits), but the
+ * NR rows' accumulator chains interleave and share each activation load, where one row alone waits
+ * on its chain's FMA latency. */
+#define DEFINE_ROWS_VNNI_M1(NAME, WEIGHT_T, ROW_BYTES, PREPARE, SIGNED)                                 \
+    VNNI static inline __attribute__((always_inline)) void NAME(                                        \
+        const WEIGHT_T *row, int64_t stride, const float *scale, const int8_t *qx, const float *dx,     \
+        int64_t K, int64_t group, const int32_t *cg, float *out, const int NR, const float *offset,     \
+        const float *xsum) {                                                                            \
+        const int64_t B = K / BLOCK, G = num_groups(K, group);                                           \
+        __m512 acc[4];                                                                                   \
+        for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();                                       \
+        if (offset)                                                                                      \
+            for (int64_t g = 0; g < G; g += 16) {                                                        \
+                const __mmask16 k = G - g >= 16 ? 0xFFFF : (__mmask16)((1u << (G - g)) - 1);             \
+                const __m512 xs = _mm512_maskz_loadu_ps(k, xsum + g);                                    \
+                for (int r = 0; r < NR; r++)                                                             \
+                    acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, offset + r * G + g), xs, acc[r]);  \
+            }                                                                                            \
+        int64_t c = 0;                                                                                   \
+        for (; c + 1 < B; c += 2) {                                                                      \
+            const __m512i xq = _mm512_loadu_si512((const void *)(qx + c * BLOCK));                       \
+            const float d0 = dx[c], d1 = dx[c + 1];                                                      \
+            for (int r = 0; r < NR; r++) {                                                               \
+                const float s0 = scale[r * G + cg[c]], s1 = scale[r * G + cg[c + 1]];                    \
+                PREPARE(row + r * stride + c * (ROW_BYTES));                                             \
+                __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, SIGNED(xq));                  \
+                __m512 k = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0 * d0), _mm512_set1_ps(s1 * d1)); \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[r]);                              \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < NR; r++) out[r] = _mm512_reduce_add_ps(acc[r]);                              \
+        if (c < B) {                                                                                     \
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + c * BLOCK));                    \
+            for (int r = 0; r < NR; r++) {                                                               \
+                const float s = scale[r * G + cg[c]];                                                    \
+                PREPARE##_TAIL(row + r * stride + c * (ROW_BYTES));                                      \
+                __m256i d = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wt, SIGNED##_TAIL(xq));          \
+                out[r] += s * dx[c] * hsum(_mm256_cvtepi32_ps(d));                                       \
+            }                                                                                            \
+        }                                                                                                \
+    }
+
 #define INT4_VNNI_PREPARE(p) const __m512i w = int4_codes2((const uint8_t *)(p))
 #define INT4_VNNI_PREPARE_TAIL(p) const __m256i wt = int4_codes((const uint8_t *)(p))
 #define AS_IS(xq) (xq)
@@ -137,6 +180,20 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
 
 DEFINE_ROW_VNNI(int4_row_vnni, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
 DEFINE_ROW_VNNI(int8_row_vnni, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
+DEFINE_ROWS_VNNI_M1(int4_rows_vnni_m1, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
+DEFINE_ROWS_VNNI_M1(int8_rows_vnni_m1, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
+
+/* Rows n0 .. n1 - 1 into y[n - n0] for one activation row, four weight rows at a time (ROWS: a *_rows_vnni_m1). */
+#define VNNI_M1_LOOP(ROWS, codes, row_bytes, scale, offset, G, y)                                         \
+    do {                                                                                                 \
+        int64_t n = n0;                                                                                  \
+        for (; n + 4 <= n1; n += 4)                                                                      \
+            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, 4,       \
+                 offset ? offset + n * G : NULL, xsum);                                                  \
+        for (; n < n1; n++)                                                                              \
+            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, 1,       \
+                 offset ? offset + n * G : NULL, xsum);                                                  \
+    } while (0)
 
 static int use_vnni(void) {
     static int cached = -1;

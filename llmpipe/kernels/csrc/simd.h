@@ -1,6 +1,7 @@
 /* AVX2 helpers shared by llmpipe's C kernels (compiled with -I pointing here). */
 #pragma once
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 
 #define MAX_ROWS 8 /* activation rows per call (the caller splits larger batches) */
@@ -25,3 +26,12 @@ static inline float hsum(__m256 v) {
     case 5: CALL(5); break; case 6: CALL(6); break;         \
     case 7: CALL(7); break; default: CALL(8); break;        \
     }
+
+/* Inside a parallel region: this thread's share [n0, n1) of N rows, cut at multiples of `align`. */
+static inline void thread_rows(int64_t N, int64_t align, int64_t *n0, int64_t *n1) {
+    const int64_t nth = omp_get_num_threads(), units = (N + align - 1) / align, per = (units + nth - 1) / nth;
+    const int64_t start = omp_get_thread_num() * per * align, end = start + per * align;
+    *n0 = start < N ? start : N;
+    *n1 = end < N ? end : N;
+}
+
