@@ -42,6 +42,17 @@ def add_bench_parser(sub) -> None:
     latency.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL distributions and the roofline")
     latency.set_defaults(func=_run_latency)
 
+    breakdown = kinds.add_parser(
+        "breakdown", help="a batch-1 decode step's layers / LM head / rest, layer by layer vs the fused decode step")
+    breakdown.add_argument("--model", default="smollm2-135m-instruct")
+    breakdown.add_argument("--variants", nargs="+", default=["gguf", "gguf int8-act", "float32"],
+                           help="as bench latency's --variants")
+    breakdown.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128])
+    breakdown.add_argument("--tokens", type=int, default=64, help="decode steps per run")
+    breakdown.add_argument("--repeats", type=int, default=3, help="runs per path, alternating")
+    breakdown.add_argument("--output", default="bench_results/breakdown.json")
+    breakdown.set_defaults(func=_run_breakdown)
+
     tput = kinds.add_parser("throughput", help="continuous batching vs one at a time vs transformers")
     tput.add_argument("--model", default="smollm2-135m-instruct")
     tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -120,6 +131,12 @@ def _run_latency(args) -> None:
     from llmpipe.bench import latency
 
     latency.main(args)
+
+
+def _run_breakdown(args) -> None:
+    from llmpipe.bench import breakdown
+
+    breakdown.main(args)
 
 
 def _run_throughput(args) -> None:
