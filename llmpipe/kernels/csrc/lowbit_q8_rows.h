@@ -124,6 +124,12 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
         }                                                                                                \
     }
 
+/* v[0], v[1] → lanes 0-7 v[0], lanes 8-15 v[1] (the scales of two chunks, beside their dpbusd lanes). */
+VNNI static inline __m512 pair_lanes(const float *v) {
+    const __m512 two = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)v)));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), two);
+}
+
 /* One activation row (batch-1 decode) against NR weight rows at a time (rows `stride` bytes apart):
  * each row's arithmetic is NAME's above with MR = 1, in the same order (so the same bits), but the
  * NR rows' accumulator chains interleave and share each activation load, where one row alone waits
@@ -144,6 +150,17 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
                     acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, offset + r * G + g), xs, acc[r]);  \
             }                                                                                            \
         int64_t c = 0;                                                                                   \
+        if (group == BLOCK) /* GGUF's blocks: each chunk its own scale, two a step read as one pair */   \
+            for (; c + 1 < B; c += 2) {                                                                  \
+                const __m512i xq = _mm512_loadu_si512((const void *)(qx + c * BLOCK));                   \
+                const __m512 dxs = pair_lanes(dx + c);                                                   \
+                for (int r = 0; r < NR; r++) {                                                           \
+                    PREPARE(row + r * stride + c * (ROW_BYTES));                                         \
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, SIGNED(xq));              \
+                    const __m512 k = _mm512_mul_ps(pair_lanes(scale + r * G + c), dxs);                  \
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[r]);                          \
+                }                                                                                        \
+            }                                                                                            \
         for (; c + 1 < B; c += 2) {                                                                      \
             const __m512i xq = _mm512_loadu_si512((const void *)(qx + c * BLOCK));                       \
             const float d0 = dx[c], d1 = dx[c + 1];                                                      \
