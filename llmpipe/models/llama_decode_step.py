@@ -1,4 +1,5 @@
-"""A Llama-family decode step in one C call (kernels/csrc/decode_step.c).
+"""A Llama-family decode step in one C call (kernels/csrc/decode_step.c), registered as the torch op
+`llmpipe::decode_step`.
 
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or ctypes call each, with Python between them, the calls cost more
@@ -78,6 +79,7 @@ class LlamaDecodeStep:
         self.layer_slots = layer_slots  # LayerDesc per layer, without its cache pointer
         self._caches: list | None = None
         self._descriptors: torch.Tensor | None = None
+        self._pool: torch.Tensor | None = None  # the tensor every layer's cache is a view of
 
     @classmethod
     def build(cls, layers: nn.ModuleList, cfg: ModelConfig) -> LlamaDecodeStep | None:
@@ -119,23 +121,43 @@ class LlamaDecodeStep:
         """The LayerDesc table with these caches (rebuilt only when the cache list changes)."""
         if kv_caches is not self._caches:
             self._caches, self._descriptors = kv_caches, None
-            if all(isinstance(c, torch.Tensor) and c.dtype == torch.float32 and c.is_contiguous()
-                   and c.device.type == "cpu" and c.shape[-2:] == self.shape[2:] for c in kv_caches):
+            pool = kv_caches[0]._base if isinstance(kv_caches[0], torch.Tensor) else None
+            if pool is not None and all(
+                isinstance(c, torch.Tensor) and c._base is pool and c.dtype == torch.float32 and c.is_contiguous()
+                and c.device.type == "cpu" and c.shape[-2:] == self.shape[2:] for c in kv_caches
+            ):
                 rows = [slots + [cache.data_ptr()] for slots, cache in zip(self.layer_slots, kv_caches)]
-                self._descriptors = torch.tensor(rows, dtype=torch.int64)
+                self._descriptors, self._pool = torch.tensor(rows, dtype=torch.int64), pool
         return self._descriptors
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list,
                  meta: AttentionMetadata) -> torch.Tensor:
         """The residual stream after the last layer (x [B, hidden] is updated in place and returned)."""
         x = x.clone()  # updated in place: never the caller's tensor (an embedding lookup may be a view)
-        descriptors = self._descriptors_for(kv_caches)
-        hidden, heads, kv_heads, head_dim = self.shape
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
-        tables = meta.decode_block_tables
-        _library().decode_step(
-            x.data_ptr(), descriptors.data_ptr(), len(self.layer_slots), x.shape[0], hidden, heads, kv_heads, head_dim,
-            self.eps, self.scale, self.window, cos.data_ptr(), sin.data_ptr(), meta.slot_mapping.data_ptr(),
-            tables.data_ptr(), tables.shape[1], meta.decode_context_lens.data_ptr(), num_blocks, block_size,
+        torch.ops.llmpipe.decode_step(
+            x, self._pool, self._descriptors_for(kv_caches), cos, sin, meta.slot_mapping, meta.decode_block_tables,
+            meta.decode_context_lens, [*self.shape, num_blocks, block_size, self.window], self.eps, self.scale,
         )
         return x
+
+
+@torch.library.custom_op("llmpipe::decode_step", mutates_args=("x", "kv_pool"), device_types="cpu")
+def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
+                   sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                   sizes: list[int], eps: float, scale: float) -> None:
+    """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
+    cache, through the addresses in `descriptors`) are written in place. sizes: hidden, heads, KV heads,
+    head dim, blocks, block size, window (0: none). An op of its own, so it is one dispatch, and opaque
+    to torch.compile (the cache never enters a graph)."""
+    hidden, heads, kv_heads, head_dim, num_blocks, block_size, window = sizes
+    _library().decode_step(
+        x.data_ptr(), descriptors.data_ptr(), descriptors.shape[0], x.shape[0], hidden, heads, kv_heads, head_dim,
+        eps, scale, window, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1],
+        lens.data_ptr(), num_blocks, block_size,
+    )
+
+
+@decode_step_op.register_fake
+def _(x, kv_pool, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale) -> None:
+    return None
