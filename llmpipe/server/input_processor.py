@@ -123,7 +123,8 @@ class InputProcessor:
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids)
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
+                         token_bytes=self.llm.get_tokenizer().token_bytes if self.llm.get_tokenizer() else None)
         return body, prompt, params, fmt
 
     def tokenize(self, raw: bytes) -> Response:

@@ -6,6 +6,7 @@ Every body and the final stream chunk also carry `llmpipe_timing` (RequestMetric
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -15,7 +16,8 @@ from llmpipe.outputs import CompletionOutput, Logprob, RequestOutput
 def usage(output: RequestOutput) -> dict:
     prompt = len(output.prompt_token_ids)
     completion = sum(len(choice.token_ids) for choice in output.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens}}
 
 
 def _top(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
@@ -32,6 +34,7 @@ class Format:
     model: str
     top_logprobs: int | None  # None: no logprobs asked for
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: "token_id:123" for each token
+    token_bytes: Callable[[int], bytes] | None = None  # a token's own bytes (Tokenizer.token_bytes), for logprobs
     created: int = field(default_factory=lambda: int(time.time()))
     object: ClassVar[str] = ""
     chunk_object: ClassVar[str] = ""
@@ -128,7 +131,8 @@ class ChatFormat(Format):
     def logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]], text_offset: int) -> dict:
         def item(token_id: int, lp: Logprob) -> dict:
             text = self._token(token_id, lp)
-            return {"token": text, "logprob": lp.logprob, "bytes": list(text.encode("utf-8"))}
+            raw = self.token_bytes(token_id) if self.token_bytes else text.encode("utf-8")
+            return {"token": text, "logprob": lp.logprob, "bytes": list(raw)}
 
         return {
             "content": [

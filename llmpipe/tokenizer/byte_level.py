@@ -63,6 +63,17 @@ def byte_to_char() -> dict[int, str]:
 
 
 @cache
+def char_to_byte() -> dict[str, int]:
+    return {char: byte for byte, char in byte_to_char().items()}
+
+
+def token_bytes(token: str) -> bytes:
+    """The bytes a byte-level vocabulary entry stands for (its characters spell one byte each)."""
+    spelling = char_to_byte()
+    return b"".join(bytes([spelling[c]]) if c in spelling else c.encode("utf-8") for c in token)
+
+
+@cache
 def _alphabet() -> frozenset[str]:
     return frozenset(byte_to_char().values())
 

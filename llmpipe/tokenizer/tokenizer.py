@@ -7,14 +7,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import json
+import re
+
 import gguf
 import tokenizers
 
 from llmpipe.errors import InvalidRequestError
+from llmpipe.tokenizer import byte_level
 from llmpipe.tokenizer.chat_template import render_chat_template
 from llmpipe.tokenizer.special_tokens import special_ids
 
 _LONG = 1024  # ids: a decode this long goes through the batch call
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
 
 
 class Tokenizer:
@@ -82,6 +87,31 @@ class Tokenizer:
     def max_token_bytes(self) -> int:
         vocab = self.backend.get_vocab(with_added_tokens=True)
         return max(len(token.encode("utf-8", "surrogatepass")) for token in vocab) or 1
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token_id stands for, even when they are part of a UTF-8 sequence (decoding the
+        token alone would give U+FFFD): what OpenAI's logprobs `bytes` carry."""
+        token = self.backend.id_to_token(token_id)
+        if token is None:
+            return b""
+        if token_id in self._added_token_ids or self._vocabulary_kind == "text":
+            return self.backend.decode([token_id], skip_special_tokens=False).encode("utf-8")
+        if self._vocabulary_kind == "byte_level":
+            return byte_level.token_bytes(token)
+        byte = _BYTE_PIECE.fullmatch(token)  # SentencePiece: "<0xE4>" is one byte, "▁" a space
+        return bytes([int(byte.group(1), 16)]) if byte else token.replace("\u2581", " ").encode("utf-8")
+
+    @cached_property
+    def _added_token_ids(self) -> frozenset[int]:
+        return frozenset(self.backend.get_added_tokens_decoder())
+
+    @cached_property
+    def _vocabulary_kind(self) -> str:
+        """How vocabulary entries spell bytes, read from the backend's decoder: "byte_level" (GPT-2's
+        alphabet), "sentencepiece" (byte fallback, "▁" for spaces) or "text" (entries are text)."""
+        decoder = json.loads(self.backend.to_str()).get("decoder") or {}
+        kinds = {d.get("type") for d in decoder.get("decoders", [decoder])}
+        return "byte_level" if "ByteLevel" in kinds else "sentencepiece" if "ByteFallback" in kinds else "text"
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)

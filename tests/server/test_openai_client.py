@@ -143,3 +143,31 @@ def test_models_lists_the_served_model(client):
 def test_unknown_model_is_not_found(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt="hi", max_tokens=2)
+
+
+def test_chat_logprob_bytes_are_each_tokens_own(client, hf_tokenizer):
+    """A token that is part of a UTF-8 sequence carries its own bytes, not U+FFFD's: the tokens' bytes
+    rebuild the reply exactly as the tokenizer decodes it."""
+    out = client.chat.completions.create(
+        model=TINY_MODEL, messages=MESSAGES, max_tokens=24, temperature=1.0, seed=3, logprobs=True, top_logprobs=2,
+        extra_body={"ignore_eos": True, **IDS_AS_TOKENS},
+    )
+    content = out.choices[0].logprobs.content
+    ids = token_ids_of([item.token for item in content])
+    for item, token_id in zip(content, ids):
+        raw = bytes(item.bytes)
+        ref = hf_tokenizer.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in ref:
+            assert raw.decode("utf-8") == ref
+    joined = b"".join(bytes(item.bytes) for item in content)
+    assert joined.decode("utf-8", errors="replace") == hf_tokenizer.decode(ids, skip_special_tokens=True)
+    assert out.choices[0].message.content == hf_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_usage_reports_prompt_tokens_served_from_the_prefix_cache(client):
+    prompt = [1, *range(20, 120)]  # 101 tokens: several whole blocks to reuse
+    first = client.completions.create(model=TINY_MODEL, prompt=prompt, max_tokens=2, temperature=0.0)
+    again = client.completions.create(model=TINY_MODEL, prompt=prompt, max_tokens=2, temperature=0.0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < len(prompt) and cached % 16 == 0  # whole blocks (block_size 16), never the last token
