@@ -108,7 +108,7 @@ class LlamaModel(nn.Module):
         rope = self.rotary.tables(positions, x.dtype)
         if LlamaDecodeStep.batch_fits(x, rope[0], metas):
             step = self.decode_step()
-            if step is not None and step.caches_fit(kv_caches):
+            if step is not None and step.takes(x.shape[0], kv_caches):
                 return self.norm(step(x, *rope, kv_caches, metas[0]))
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, rope, kv_cache, meta)

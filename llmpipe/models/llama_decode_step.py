@@ -4,7 +4,7 @@
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or ctypes call each, with Python between them, the calls cost more
 than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The kernel runs every
-layer of a decode-only batch (up to MAX_ROWS rows) in one OpenMP region; the embedding, the final
+layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the embedding, the final
 norm and the LM head stay in PyTorch (one call each).
 
 Each linear keeps its own numerics: float activations into the exact low-bit row kernels (bit for
@@ -25,9 +25,13 @@ from llmpipe.kernels.build import I64, PTR, KernelLibrary
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.linear import Int4Linear, Int8Linear
+from llmpipe.quant.linear import KERNEL_MAX_BATCH, Int4Linear, Int8Linear
 
-MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest batch
+MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
+# Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
+# (above it, dequantizing once for a GEMM wins); float32 weights only up to MAX_ROWS, beyond which
+# MKL's GEMM, reading each weight once for every row, beats re-reading them per run of MAX_ROWS.
+MAX_BATCH = KERNEL_MAX_BATCH
 F32, INT4, INT8 = 0, 1, 2
 LINEAR_SLOTS = 9  # csrc LinearDesc: kind, q8, weight, scale, offset, bias, N, K, group
 _library = KernelLibrary(
@@ -70,10 +74,12 @@ def _plain_norm(norm: nn.Module, eps: float) -> bool:
 class LlamaDecodeStep:
     """Every layer of a Llama body for one decode-only batch. `build` returns None for a body the
     kernel does not run (another family, q/k norms, a GELU MLP, bfloat16, sharded or act-order
-    weights, no compiler); `batch_fits` and `caches_fit` say per step whether the batch and cache do."""
+    weights, no compiler); `batch_fits` and `takes` say per step whether the batch and cache do."""
 
     def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor]):
         self.tensors = tensors  # every tensor whose address layer_slots holds, kept alive with them
+        has_float = any(slots[2 + LINEAR_SLOTS * i] == F32 for slots in layer_slots for i in range(4))
+        self.max_batch = MAX_ROWS if has_float else MAX_BATCH
         self.eps, self.window, self.scale = cfg.rms_norm_eps, cfg.sliding_window or 0, scale
         self.shape = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.layer_slots = layer_slots  # LayerDesc per layer, without its cache pointer
@@ -103,19 +109,20 @@ class LlamaDecodeStep:
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:
-        """A decode-only batch of 1..MAX_ROWS float32 rows on CPU, one metadata for every layer."""
+        """A decode-only batch of 1..MAX_BATCH float32 rows on CPU, one metadata for every layer."""
         meta = metas[0]
         return (
-            x.dtype == torch.float32 and x.device.type == "cpu" and 1 <= x.shape[0] <= MAX_ROWS
+            x.dtype == torch.float32 and x.device.type == "cpu" and 1 <= x.shape[0] <= MAX_BATCH
             and not meta.prefills and meta.num_decodes == x.shape[0] and all(m is meta for m in metas)
             and cos.dtype == torch.float32 and cos.is_contiguous()
             and meta.slot_mapping.dtype == torch.int64 and meta.decode_block_tables.dtype == torch.int64
             and meta.decode_block_tables.is_contiguous() and meta.decode_context_lens.dtype == torch.int64
         )
 
-    def caches_fit(self, kv_caches: list) -> bool:
-        """Float32 CPU caches of this model's head shape (not quantized ones)."""
-        return self._descriptors_for(kv_caches) is not None
+    def takes(self, rows: int, kv_caches: list) -> bool:
+        """This many rows (MAX_ROWS at most where a weight is float32), and float32 CPU caches of this
+        model's head shape (not quantized ones)."""
+        return rows <= self.max_batch and self._descriptors_for(kv_caches) is not None
 
     def _descriptors_for(self, kv_caches: list) -> torch.Tensor | None:
         """The LayerDesc table with these caches (rebuilt only when the cache list changes)."""

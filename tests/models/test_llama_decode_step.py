@@ -75,10 +75,12 @@ def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
 
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_quantized_model_matches_layer_by_layer(quantizable_checkpoint, quantization):
-    """INT4 / INT8 weights with float activations: the same row kernels as the per-op path."""
+    """INT4 / INT8 weights with float activations: the same row kernels as the per-op path; a batch
+    of more than MAX_ROWS sequences goes through them MAX_ROWS rows at a time, as the per-op path does."""
     llm = LLM(str(quantizable_checkpoint), quantization=quantization, progress=False)
     assert llm.engine.model.model.decode_step() is not None
     assert_matches_layered(llm, atol=2e-5)
+    assert_matches_layered(llm, atol=2e-5, prompts=(PROMPTS * 4)[:11])  # 11 rows: a run of 8, then 3
 
 
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
@@ -111,7 +113,7 @@ def test_other_bodies_and_caches_keep_the_layered_path(tiny_checkpoint):
     assert not hasattr(gemma.engine.model.model, "decode_step") or gemma.engine.model.model.decode_step() is None
     quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int8", progress=False)
     step = quantized_cache.engine.model.model.decode_step()
-    assert not step.caches_fit(quantized_cache.engine.runner.kv_cache.layers)
+    assert not step.takes(1, quantized_cache.engine.runner.kv_cache.layers)
     _, _, calls = run(quantized_cache, True, PROMPTS[:1], steps=4)
     assert calls == 0
 

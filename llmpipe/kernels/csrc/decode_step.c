@@ -1,4 +1,4 @@
-/* A Llama-family decode step in one call: every layer of a decode-only batch of up to MAX_ROWS rows,
+/* A Llama-family decode step in one call: every layer of a decode-only batch (up to MAX_BATCH rows),
  * inside one OpenMP parallel region, the threads meeting at a barrier between the stages of a layer:
  *
  *   RMSNorm → qkv → RoPE + K/V write → attention → o (+ residual) → RMSNorm → gate/up → SiLU · up → down (+ residual)
@@ -172,13 +172,22 @@ DEFINE_Q8_SLICE(q8_slice_vnni, VNNI)
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
 static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     if (n0 >= n1) return;
-    if (w->q8 && w->kind != F32) {
-        quantize_rows_q8(x, B, w->K, w->group, s->qx, s->dx, s->xsum);
-        for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);
-        (use_vnni() ? q8_slice_vnni : q8_slice_avx2)(w, B, n0, n1, s);
-    } else {
-        exact_slice(w, x, B, n0, n1, s);
+    /* The row kernels take up to MAX_ROWS activation rows: a larger batch goes MAX_ROWS at a time (as
+     * the per-op path splits it), each run into its own rows of s->y. */
+    float *const y = s->y;
+    for (int64_t m0 = 0; m0 < B; m0 += MAX_ROWS) {
+        const int64_t rows = B - m0 < MAX_ROWS ? B - m0 : MAX_ROWS;
+        const float *xm = x + m0 * w->K;
+        s->y = y + m0 * (n1 - n0);
+        if (w->q8 && w->kind != F32) {
+            quantize_rows_q8(xm, rows, w->K, w->group, s->qx, s->dx, s->xsum);
+            for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);
+            (use_vnni() ? q8_slice_vnni : q8_slice_avx2)(w, rows, n0, n1, s);
+        } else {
+            exact_slice(w, xm, rows, n0, n1, s);
+        }
     }
+    s->y = y;
     if (w->bias)
         for (int64_t m = 0; m < B; m++)
             for (int64_t n = n0; n < n1; n++) s->y[m * (n1 - n0) + n - n0] += w->bias[n];
