@@ -6,6 +6,8 @@ takes its PyTorch path. The result (a library or None) is cached per source, so 
 attempt per process, never one per decode step.
 
 Libraries share PyTorch's OpenMP runtime (the same libgomp soname), so their threads are PyTorch's.
+Each kernel's Python entry point is registered as a torch op (`torch.ops.llmpipe.*`, `kernel_op`):
+one dispatcher call (~4 us) taking tensors, with a schema that says what it writes in place.
 """
 
 from __future__ import annotations
@@ -26,6 +28,22 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
 I64, PTR = ctypes.c_int64, ctypes.c_void_p
+
+
+_OPS = torch.library.Library("llmpipe", "FRAGMENT")
+
+
+def kernel_op(schema: str):
+    """Register the decorated CPU implementation as the torch op llmpipe::<name> (`schema` in
+    torch.library's syntax: `Tensor(a!)` for what it writes in place) and return the op."""
+
+    def register(implementation):
+        name = schema.split("(", 1)[0]
+        _OPS.define(schema)
+        _OPS.impl(name, implementation, "CPU")
+        return getattr(torch.ops.llmpipe, name)
+
+    return register
 
 
 class KernelBuildError(Exception):

@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary
+from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
 
 _library = KernelLibrary(
     "paged_attention",
@@ -31,6 +31,7 @@ def usable(q: torch.Tensor, kv_cache) -> bool:
     )
 
 
+@kernel_op("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, int? window) -> Tensor")
 def paged_decode_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
     window: int | None,
@@ -47,21 +48,24 @@ def paged_decode_attention(
     return out
 
 
+@kernel_op(
+    "rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
+    "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor"
+)
 def rope_write_decode_attention(
-    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, meta, num_heads: int,
-    scale: float, window: int | None,
+    heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
+    block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int, scale: float, window: int | None,
 ) -> torch.Tensor:
     """A decode-only step's attention in one call: heads [B, H + 2 KVH, D] (the qkv projection,
-    rotated in place), RoPE with cos / sin [B, 1, D], K/V written at meta.slot_mapping, then the
-    decode kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
+    rotated in place), RoPE with cos / sin [B, 1, D], K/V written at `slots`, then the decode
+    kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
     batch, _, head_dim = heads.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-    tables, lens = meta.decode_block_tables, meta.decode_context_lens
     out = torch.empty(batch, num_heads * head_dim)
     _library().rope_write_decode_attention(
-        heads.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache.data_ptr(), meta.slot_mapping.data_ptr(),
-        tables.data_ptr(), lens.data_ptr(), out.data_ptr(), batch, num_heads, kv_heads, head_dim, num_blocks,
-        block_size, tables.shape[1], scale, window or 0,
+        heads.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(),
+        block_tables.data_ptr(), lens.data_ptr(), out.data_ptr(), batch, num_heads, kv_heads, head_dim, num_blocks,
+        block_size, block_tables.shape[1], scale, window or 0,
     )
     return out
 

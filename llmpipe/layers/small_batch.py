@@ -1,4 +1,4 @@
-"""A float32 product for a few activation rows (kernels/csrc/small_batch_linear.c), called via ctypes.
+"""A float32 product for a few activation rows (kernels/csrc/small_batch_linear.c), the torch op llmpipe::small_batch_linear.
 
 Two to eight rows (a small decode batch, or one sequence verifying speculative tokens) are bound
 by streaming the weights, like one row, yet MKL's sgemm on this kind of CPU takes 2-4x its
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary
+from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
 
 MIN_ROWS, MAX_ROWS = 2, 8  # one row stays on MKL's matrix-vector product
 _library = KernelLibrary("small_batch_linear", small_batch_linear=[PTR, PTR, PTR, I64, I64, I64])
@@ -23,6 +23,7 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+@kernel_op("small_batch_linear(Tensor x, Tensor weight) -> Tensor")
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T for 2 <= M <= 8, float32 on CPU."""
     x = x.contiguous()

@@ -53,8 +53,9 @@ class LlamaAttention(nn.Module):
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [T, q heads + k heads + v heads, D]
         if self.q_norm is None and attention_kernel.fused_decode_usable(heads, rope[0], kv_cache, meta):
             # decode: RoPE, the K/V write and attention in one C call (the ops below, ~20 of them)
-            out = attention_kernel.rope_write_decode_attention(heads, *rope, kv_cache, meta, self.num_heads, self.scale,
-                                                               self.window)
+            out = attention_kernel.rope_write_decode_attention(
+                heads, *rope, kv_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
+                self.num_heads, self.scale, self.window)
             return self.o_proj(out)
         qk, v = heads[:, : self.num_heads + self.num_kv_heads], heads[:, self.num_heads + self.num_kv_heads :]
         if self.q_norm is not None:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from llmpipe.config import ModelConfig
-from llmpipe.kernels.build import I64, PTR, KernelLibrary
+from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
@@ -142,29 +142,26 @@ class LlamaDecodeStep:
         """The residual stream after the last layer (x [B, hidden] is updated in place and returned)."""
         x = x.clone()  # updated in place: never the caller's tensor (an embedding lookup may be a view)
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
-        torch.ops.llmpipe.decode_step(
+        decode_step_op(
             x, self._pool, self._descriptors_for(kv_caches), cos, sin, meta.slot_mapping, meta.decode_block_tables,
             meta.decode_context_lens, [*self.shape, num_blocks, block_size, self.window], self.eps, self.scale,
         )
         return x
 
 
-@torch.library.custom_op("llmpipe::decode_step", mutates_args=("x", "kv_pool"), device_types="cpu")
+@kernel_op(
+    "decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor descriptors, Tensor cos, Tensor sin, Tensor slots, "
+    "Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()"
+)
 def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                    sizes: list[int], eps: float, scale: float) -> None:
     """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
     cache, through the addresses in `descriptors`) are written in place. sizes: hidden, heads, KV heads,
-    head dim, blocks, block size, window (0: none). An op of its own, so it is one dispatch, and opaque
-    to torch.compile (the cache never enters a graph)."""
+    head dim, blocks, block size, window (0: none)."""
     hidden, heads, kv_heads, head_dim, num_blocks, block_size, window = sizes
     _library().decode_step(
         x.data_ptr(), descriptors.data_ptr(), descriptors.shape[0], x.shape[0], hidden, heads, kv_heads, head_dim,
         eps, scale, window, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1],
         lens.data_ptr(), num_blocks, block_size,
     )
-
-
-@decode_step_op.register_fake
-def _(x, kv_pool, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale) -> None:
-    return None

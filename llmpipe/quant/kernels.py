@@ -1,4 +1,4 @@
-"""The low-bit decode kernels, called via ctypes: float activations (kernels/csrc/lowbit_linear.c,
+"""The low-bit decode kernels, as torch ops (torch.ops.llmpipe.*): float activations (kernels/csrc/lowbit_linear.c,
 the exact path) or int8-quantized activation blocks with integer dot products
 (kernels/csrc/lowbit_dot.c, the fast path, as llama.cpp computes; `reference_q8_linear` is its
 PyTorch reference).
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary
+from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
 
 MAX_ROWS = 8  # rows per call (csrc MAX_ROWS)
 CHUNK = 32  # K (padded) and group sizes are multiples of this
@@ -36,6 +36,7 @@ def available() -> bool:
     return _library() is not None
 
 
+@kernel_op("int4_linear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group) -> Tensor")
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
     """x [M <= MAX_ROWS, K] float32 contiguous → [M, N] float32."""
     y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
@@ -46,6 +47,7 @@ def int4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offse
     return y
 
 
+@kernel_op("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor")
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
     y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
     _library().int8_linear(
@@ -63,6 +65,7 @@ def dot_isas() -> list[int]:
     return [0, 1] if dot_available() and _dot_library().has_vnni() else [0]
 
 
+@kernel_op("int4_linear_q8(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int isa=1) -> Tensor")
 def int4_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
                    isa: int = 1) -> torch.Tensor:
     """As int4_linear, with x quantized to int8 blocks (`isa` 0 forces the AVX2 path)."""
@@ -74,6 +77,7 @@ def int4_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, of
     return y
 
 
+@kernel_op("int8_linear_q8(Tensor x, Tensor codes, Tensor scale, int group, int isa=1) -> Tensor")
 def int8_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, isa: int = 1) -> torch.Tensor:
     y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
     _dot_library().int8_linear_q8(

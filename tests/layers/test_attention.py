@@ -87,6 +87,7 @@ def test_fused_rope_write_decode_equals_rotary_then_paged_attention(window):
     qk = apply_rotary(heads[:, : HEADS + KV_HEADS], cos, sin)
     q, k = qk.split([HEADS, KV_HEADS], dim=1)
     expected = paged_attention(q, k, heads[:, HEADS + KV_HEADS :], expected_cache, meta, 0.125, window)
-    got = attention_kernel.rope_write_decode_attention(heads.clone(), cos, sin, kv_cache, meta, HEADS, 0.125, window)
+    got = attention_kernel.rope_write_decode_attention(heads.clone(), cos, sin, kv_cache, meta.slot_mapping,
+                                                       meta.decode_block_tables, meta.decode_context_lens, HEADS, 0.125, window)
     assert torch.equal(kv_cache, expected_cache)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
