@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_bench_parser(sub) -> None:
@@ -83,6 +84,12 @@ def add_bench_parser(sub) -> None:
     serve.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for the server to come up")
     serve.add_argument("--json", metavar="FILE.json", default=None)
     serve.add_argument("--plot", metavar="FILE.png", default=None, help="latency percentiles and throughput")
+    serve.add_argument("--peer", choices=["llama.cpp"], default=None,
+                       help="instead of --base-url: start `llmpipe serve --model MODEL` and then llama-server on the "
+                            "same GGUF (built by `make bench-peers`), run the same load on each, print the ratios")
+    serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="with --peer: threads of each server")
+    serve.add_argument("--serve-args", nargs=argparse.REMAINDER, default=[],
+                       help="with --peer: more `llmpipe serve` options (the rest of the command line)")
     serve.set_defaults(func=_run_serve)
 
     window = kinds.add_parser("window", help="KV bytes and decode ITL with sliding windows vs forced full attention")
@@ -146,6 +153,13 @@ def _run_throughput(args) -> None:
 
 
 def _run_serve(args) -> None:
+    if args.peer:
+        from llmpipe.bench import serve_peer
+
+        if args.model is None:
+            args.model = "smollm2-135m-instruct"
+        serve_peer.main(args)
+        return
     from llmpipe.bench import serve
 
     serve.main(args)

@@ -194,8 +194,9 @@ def report_table(runs: list[dict]) -> str:
     return format_table(rows) + "\n(latencies in ms)"
 
 
-def plot_serve(runs: list[dict], path: str | Path, title: str) -> Path:
-    """Latency percentiles (log scale) per run, and throughput against concurrency."""
+def plot_serve(runs: list[dict], path: str | Path, title: str, peer: list[dict] | None = None) -> Path:
+    """Latency percentiles (log scale) per run, and throughput against concurrency (and a peer's
+    runs of the same load, if given)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(12, 4.8), layout="constrained")
@@ -217,6 +218,8 @@ def plot_serve(runs: list[dict], path: str | Path, title: str) -> Path:
     x = [run["max_concurrency"] or run["num_prompts"] for run in runs]
     tput.plot(x, [run["output_throughput"] for run in runs], "o-", label="output tokens/s")
     tput.plot(x, [run["total_token_throughput"] for run in runs], "s--", label="total tokens/s")
+    if peer:
+        tput.plot(x, [run["output_throughput"] for run in peer], "^:", color="C3", label="peer output tokens/s")
     tput.set_xscale("log", base=2)
     tput.set_xticks(x, [str(v) for v in x])
     tput.set_xlabel("max concurrency")

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncEngine.
+"""The OpenAI-compatible HTTP server: FastAPI routes over one AsyncEngine (the front end of an engine
+core in its own process under `llmpipe serve`, or of an in-process `LLM`'s core on a thread).
 
 Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health, /metrics,
 /tokenize, /detokenize, and / (the playground page).
@@ -28,6 +29,7 @@ from llmpipe.errors import LLMPipeError
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.engine.core_client import ThreadCoreClient
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
 from llmpipe.server.errors import install_error_handlers, llmpipe_error_body
 from llmpipe.server.http import BODY_TIMEOUT_S
@@ -51,16 +53,16 @@ router = APIRouter()
 
 
 class Server:
-    """What the routes share: the model, its async engine, the metrics."""
+    """What the routes share: the async engine, the request parsing, the metrics."""
 
-    def __init__(self, llm: LLM, model_name: str, max_waiting: int | None, before_step: Callable[[], None] | None) -> None:
-        self.llm = llm
+    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+        self.engine = engine
         self.model_name = model_name
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats)
-        self.engine = AsyncEngine(llm.engine, max_waiting, on_output=self.metrics.observe, before_step=before_step)
+        engine.on_output = self.metrics.observe
         self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
-        self.inputs = InputProcessor(llm, model_name)
+        self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name)
 
     @property
     def max_model_len(self) -> int:
@@ -195,7 +197,7 @@ async def models(request: Request) -> dict:
 async def health(request: Request) -> dict:
     engine = _server(request).engine
     if not engine.alive:
-        raise UnavailableError("the engine thread has stopped")
+        raise UnavailableError("the engine core has stopped")
     if engine.closing:  # draining: a load balancer should stop sending here
         raise UnavailableError("the server is shutting down")
     return {"status": "ok"}
@@ -224,7 +226,7 @@ async def playground() -> HTMLResponse:
 
 
 def create_app(
-    llm: LLM,
+    engine: LLM | AsyncEngine,
     model_name: str,
     *,
     api_key: str | None = None,
@@ -233,8 +235,11 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT_S,
     before_step: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """`before_step`: called on the engine thread before each step (see AsyncEngine)."""
-    server = Server(llm, model_name, max_waiting, before_step)
+    """Serve `engine`: an AsyncEngine (over a core process: `llmpipe serve`), or an in-process LLM,
+    whose core then steps on a thread, calling `before_step` before each step (see CoreLoop)."""
+    if isinstance(engine, LLM):
+        engine = AsyncEngine(ThreadCoreClient(engine.engine.core, before_step), engine.engine.tokenizer, max_waiting)
+    server = Server(engine, model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

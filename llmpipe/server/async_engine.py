@@ -1,24 +1,28 @@
-"""AsyncEngine: one thread steps the LLMEngine; each request reads its outputs from an asyncio queue.
+"""AsyncEngine: the API server's front end of the engine core; each request reads its outputs from an
+asyncio queue.
 
-The engine is not thread-safe, so only the engine thread touches it: the event loop sends it
-commands (add, abort) through a queue, and it hands each step's outputs back through
-call_soon_threadsafe. A step runs off the event loop, so HTTP stays responsive while it computes.
+On the event loop it checks admission, sends token ids to the core (`core_client`: a process of
+its own under `llmpipe serve`, a thread for an in-process `LLM`), and turns each step's token ids
+into RequestOutputs with the `OutputProcessor` (detokenizing, stop strings, timing). If the core
+dies, every request in flight fails with an error and `alive` turns False (/health answers 503).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import logging
-import queue
-import threading
 from typing import AsyncIterator, Callable
 
-from llmpipe.engine.engine import EngineStats, LLMEngine, PromptInput
+from llmpipe.engine.admission import Admission, PromptInput
+from llmpipe.engine.core import EngineStats
+from llmpipe.engine.core_client import CoreClient
+from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.05
@@ -62,43 +66,39 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(
-        self,
-        engine: LLMEngine,
-        max_waiting: int | None = None,
-        on_output: Callable[[RequestStream, RequestOutput], None] | None = None,
-        before_step: Callable[[], None] | None = None,
-    ) -> None:
-        """`before_step` runs on the engine thread before every step: tests pace the engine with it
-        (a request that must still be running when something happens), instrumentation counts steps."""
-        self.engine = engine
+    def __init__(self, client: CoreClient, tokenizer: Tokenizer | None, max_waiting: int | None = None) -> None:
+        self.client = client
+        self.info = client.info
+        self.tokenizer = tokenizer
         self.max_waiting = max_waiting
-        self.stats: EngineStats = engine.stats()  # a snapshot, refreshed by the engine thread
-        self._on_output = on_output
-        self._before_step = before_step
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.stats: EngineStats = client.stats  # the core's latest snapshot (after its latest step)
+        self.admission = Admission(tokenizer, client.info.max_model_len, client.info.vocab_size)
+        self.outputs = OutputProcessor(tokenizer)
+        # Called with every output the engine hands back, in order (the server's metrics).
+        self.on_output: Callable[[RequestStream, RequestOutput], None] | None = None
+        # Called once if the core dies unasked (the server exits).
+        self.on_core_death: Callable[[str], None] | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._pending_adds = 0
+        self._unseen: set[str] = set()  # sent, not yet scheduled: waiting
         self._closing = False
+        self._dead: str | None = None
+        self._started = False
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
 
-    # ---- event-loop side ------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="llmpipe-engine", daemon=True)
-        self._thread.start()
+        self.client.start(self._on_step, self._on_death)
+        self._started = True
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Abort whatever is still running and join the engine thread."""
-        if self._thread is None:
-            return
-        self._commands.put(("stop",))
-        await asyncio.to_thread(self._thread.join, timeout)
-        self._abort_all("the server is shutting down")
-        self._thread = None
+        """Abort whatever is still running and stop the core."""
+        self._abort_all(UnavailableError("the server is shutting down"))
+        await self.client.stop(timeout)
 
     def drain(self, timeout: float, on_drained: Callable[[], None] | None = None) -> None:
         """Shutdown has begun: refuse new requests (503), give the running ones `timeout` seconds,
@@ -110,7 +110,7 @@ class AsyncEngine:
             if self._streams and self._loop.time() < deadline:
                 self._loop.call_later(DRAIN_POLL_S, check)
                 return
-            self._abort_all("the server is shutting down")
+            self._abort_all(UnavailableError("the server is shutting down"))
             if on_drained is not None:
                 on_drained()
 
@@ -123,112 +123,70 @@ class AsyncEngine:
     def closing(self) -> bool:
         return self._closing
 
-    def _abort_all(self, reason: str) -> None:
-        for stream in list(self._streams.values()):
-            stream.put(UnavailableError(reason))
-            self.abort(stream.request_id)
-
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._started and self._dead is None and self.client.alive
 
     @property
     def num_waiting(self) -> int:
-        return self._pending_adds + self.stats.num_waiting
+        return len(self._unseen)
 
     async def add(self, prompt: PromptInput, params: SamplingParams) -> RequestStream:
-        """Queue a request; raises InvalidRequestError (from the engine) or UnavailableError."""
+        """Queue a request; raises InvalidRequestError (admission) or UnavailableError."""
         if self._closing:
             raise UnavailableError("the server is shutting down")
+        if self._dead is not None:
+            raise UnavailableError(self._dead)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise UnavailableError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+        text, token_ids = self.admission.prompt(prompt, params)
         stream = RequestStream(f"req-{next(self._ids)}", self)
-        self._streams[stream.request_id] = stream
-        added: concurrent.futures.Future = concurrent.futures.Future()
-        self._pending_adds += 1
-        self._commands.put(("add", stream.request_id, prompt, params, added))
+        self.outputs.add(stream.request_id, text, token_ids, params)
         try:
-            await asyncio.wrap_future(added)
-        except BaseException:  # refused, or the client left while it was queued
-            self._streams.pop(stream.request_id, None)
-            stream.abort()
-            raise
-        finally:
-            self._pending_adds -= 1
+            self.client.add(EngineCoreRequest(stream.request_id, token_ids, params))
+        except LLMPipeError as err:
+            self.outputs.abort(stream.request_id)
+            raise UnavailableError(str(err)) from err
+        self._streams[stream.request_id] = stream
+        self._unseen.add(stream.request_id)
         return stream
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
-        self._commands.put(("abort", request_id))
+        self._unseen.discard(request_id)
+        if request_id in self.outputs.requests:
+            self.outputs.abort(request_id)
+            if self._dead is None:
+                self.client.abort([(request_id, None)])
 
-    def _dispatch(self, outputs: list[RequestOutput], failed: BaseException | None) -> None:
+    def _abort_all(self, error: BaseException) -> None:
+        for stream in list(self._streams.values()):
+            stream.put(error)
+            self.abort(stream.request_id)
+
+    def _on_step(self, step: EngineCoreOutputs, stats: EngineStats) -> None:
+        self.stats = stats  # before the outputs: a client that saw a token sees its step's stats
+        for out in step.outputs:
+            self._unseen.discard(out.request_id)
+        outputs, aborts = self.outputs.process(step)
+        if aborts and self._dead is None:
+            self.client.abort(aborts)
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue
-            if self._on_output is not None:
-                self._on_output(stream, output)
-            error = failed or _request_error(output)
+            if self.on_output is not None:
+                self.on_output(stream, output)
+            error = _request_error(output)
             stream.put(error or output)
             if output.finished or error:
                 del self._streams[output.request_id]
 
-    # ---- engine thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        while self._drain_commands(block=not self.engine.has_unfinished_requests()):
-            if self.engine.has_unfinished_requests():
-                if self._before_step is not None:
-                    self._before_step()
-                self._step()
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-            self.stats = self.engine.stats()  # before the outputs: a client that saw a token sees its step's stats
-            self._post(outputs, None)
-        except Exception as err:  # a batch-level fault: fail what is running, keep serving
-            logger.exception("engine step failed; failing the requests in flight")
-            outputs = [request.to_output() for request in self.engine.requests.values()]
-            for output in outputs:
-                self.engine.abort_request(output.request_id)
-            self.stats = self.engine.stats()
-            failed = RequestFailedError(f"the engine's step failed ({type(err).__name__}); see the server log")
-            self._post(outputs, failed)
-
-    def _post(self, outputs: list[RequestOutput], failed: BaseException | None) -> None:
-        if outputs:
-            self._loop.call_soon_threadsafe(self._dispatch, outputs, failed)
-
-    def _drain_commands(self, block: bool) -> bool:
-        """Run every queued command (waiting for one when idle); False once told to stop."""
-        try:
-            command = self._commands.get(block=block)
-        except queue.Empty:
-            return True
-        while True:
-            if command[0] == "stop":
-                for request_id in list(self.engine.requests):
-                    self.engine.abort_request(request_id)
-                return False
-            self._run_command(command)
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                self.stats = self.engine.stats()
-                return True
-
-    def _run_command(self, command: tuple) -> None:
-        if command[0] == "abort":
-            self.engine.abort_request(command[1])
-            return
-        _, request_id, prompt, params, added = command
-        try:
-            self.engine.add_request(request_id, prompt, params)
-        except Exception as err:
-            added.set_exception(err)
-        else:
-            added.set_result(None)
+    def _on_death(self, reason: str) -> None:
+        self._dead = reason
+        self._abort_all(RequestFailedError(f"{reason}; see the server log"))
+        if self.on_core_death is not None:
+            self.on_core_death(reason)
 
 
 def _request_error(output: RequestOutput) -> RequestFailedError | None:

@@ -36,12 +36,18 @@ def add_serve_parser(sub) -> None:
 
 
 def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None = None) -> None:
-    """`before_step`: see AsyncEngine (tests pace the engine with it)."""
+    """Start the engine core process, then serve HTTP from this one until SIGINT / SIGTERM, or until
+    the core dies (then every request in flight gets an error and the server exits with status 1,
+    for a supervisor to restart it). `before_step`: see CoreLoop (tests pace the engine with it);
+    it runs in the core process, so it must be picklable."""
     import uvicorn
 
     from llmpipe.cli import engine_kwargs
-    from llmpipe.llm import LLM
+    from llmpipe.config import EngineConfig
+    from llmpipe.engine.core_client import ProcessCoreClient
+    from llmpipe.loader import load_checkpoint
     from llmpipe.server.app import create_app
+    from llmpipe.server.async_engine import AsyncEngine
     from llmpipe.server.http import uvicorn_config
 
     class DrainingServer(uvicorn.Server):
@@ -61,17 +67,17 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
         def stop(self, sig: int) -> None:
             super().handle_exit(sig, None)
 
-    llm = LLM(args.model, **engine_kwargs(args))
+    config = EngineConfig.from_kwargs(model=args.model, **engine_kwargs(args))
+    tokenizer = load_checkpoint(config.model).tokenizer  # the API side's; the core loads the weights
+    engine = AsyncEngine(ProcessCoreClient(config, before_step), tokenizer, args.max_waiting)
     app = create_app(
-        llm,
+        engine,
         args.served_model_name or args.model,
         api_key=args.api_key,
-        max_waiting=args.max_waiting,
         body_timeout=args.body_timeout,
-        before_step=before_step,
     )
     print(f"llmpipe: serving {args.model} on http://{args.host}:{args.port} (playground at /)", file=sys.stderr)
-    config = uvicorn_config(
+    uvicorn_settings = uvicorn_config(
         app,
         header_timeout=args.header_timeout,
         host=args.host,
@@ -82,4 +88,18 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
     # uvicorn re-raises the signal it caught once it has shut down; by then there is nothing left to do.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    DrainingServer(config).run()
+    server = DrainingServer(uvicorn_settings)
+    core_died: list[str] = []
+
+    def on_core_death(reason: str) -> None:
+        core_died.append(reason)
+        server.should_exit = True
+
+    engine.on_core_death = on_core_death
+    try:
+        server.run()
+    finally:
+        engine.client.close()
+    if core_died:
+        print(f"llmpipe: error: {core_died[0]}; the server stopped", file=sys.stderr)
+        sys.exit(1)

@@ -15,7 +15,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from llmpipe.errors import InvalidRequestError
-from llmpipe.llm import LLM
 from llmpipe.server.errors import ModelNotFoundError
 from llmpipe.server.openai_format import ChatFormat, CompletionFormat
 from llmpipe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -29,20 +28,17 @@ Body = TypeVar("Body", bound=BaseModel)
 class InputProcessor:
     """Turns one model's request bodies into (body, prompt, SamplingParams, reply format)."""
 
-    def __init__(self, llm: LLM, model_name: str) -> None:
-        self.llm = llm
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, model_name: str) -> None:
+        self._tokenizer = tokenizer
+        self.max_model_len = max_model_len
         self.model_name = model_name
-
-    @property
-    def max_model_len(self) -> int:
-        return self.llm.engine.config.max_model_len
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
             raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves {self.model_name!r}")
 
     def tokenizer(self) -> Tokenizer:
-        tokenizer = self.llm.get_tokenizer()
+        tokenizer = self._tokenizer
         if tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer: send the prompt as token ids", param="prompt")
         return tokenizer
@@ -124,7 +120,7 @@ class InputProcessor:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
-                         token_bytes=self.llm.get_tokenizer().token_bytes if self.llm.get_tokenizer() else None)
+                         token_bytes=self._tokenizer.token_bytes if self._tokenizer else None)
         return body, prompt, params, fmt
 
     def tokenize(self, raw: bytes) -> Response:

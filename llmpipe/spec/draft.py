@@ -92,7 +92,7 @@ class DraftProposer:
         """Sync the shadow with seq and reserve its blocks for this proposal (False: no room)."""
         shadow = self.shadows.get(seq)
         if shadow is None:
-            copy = Sequence(seq.request_id, seq.index, [], seq.params, None, None)
+            copy = Sequence(seq.request_id, seq.index, [], seq.params, None)
             copy.block_tables = [BlockTable() for _ in self.blocks.specs]
             shadow = self.shadows[seq] = Shadow(copy)
         draft, tokens = shadow.seq, seq.all_token_ids

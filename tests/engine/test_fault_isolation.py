@@ -68,9 +68,9 @@ def test_requests_failing_at_each_stage_leave_the_batch_exact(path, expected):
     engine.add_request("sampling", [1, 60, 61], slipped)
     slipped.stop_token_ids.append(10**9)  # a bad value that got past validation: the sampler's ban raises
     engine.add_request("detokenizing", [1, 70, 71], greedy())
-    fail_on_third_call(engine.requests["detokenizing"].sequences[0].detokenizer._stream, "step")
+    fail_on_third_call(engine.output_processor.requests["detokenizing"].samples[0].detokenizer._stream, "step")
     engine.add_request("stop_checking", [1, 80, 81], greedy(stop=["zz"]))
-    fail_on_third_call(engine.requests["stop_checking"].sequences[0].detokenizer._stops, "push")
+    fail_on_third_call(engine.output_processor.requests["stop_checking"].samples[0].detokenizer._stops, "push")
 
     finals = {}
     while engine.has_unfinished_requests():

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from llmpipe import LLM
-from llmpipe.engine.engine import LLMEngine
+from llmpipe.engine.core import EngineCore
 from tests.server.conftest import TINY_MODEL, live_server, metric, paced
 
 KEY = "sk-test-key"
@@ -127,14 +127,14 @@ def test_full_waiting_queue_is_503(tiny_path):
 def test_a_fault_in_one_request_fails_only_that_request(url, tiny_llm, monkeypatch):
     """A request whose token handling raises gets an error; one running beside it completes."""
     poison = 311
-    original = LLMEngine._append_token
+    original = EngineCore._append_token
 
     def faulty(self, seq, token):
         if seq.prompt_token_ids[-1] == poison and len(seq.output_token_ids) == 3:
             raise RuntimeError("injected fault")
         return original(self, seq, token)
 
-    monkeypatch.setattr(LLMEngine, "_append_token", faulty)
+    monkeypatch.setattr(EngineCore, "_append_token", faulty)
     healthy = {"prompt": [1, 5, 9], "max_tokens": 40, "ignore_eos": True, "temperature": 0.0}
     results = {}
 

@@ -21,12 +21,12 @@ import pytest
 from tests.server.conftest import STEP_DELAY_S
 
 SHUTDOWN_TIMEOUT_S = 4  # the short request's 8 tokens need ~0.4 s of it; the long one's 1,000 need 50 s
-# `llmpipe serve`, with each engine step paced by a sleep
+# `llmpipe serve`, with each engine step paced by a sleep (picklable: it runs in the core process)
 PACED_SERVE = f"""
-import sys, time
+import functools, sys, time
 from llmpipe.cli import build_parser
 from llmpipe.server.cli import run_serve
-run_serve(build_parser().parse_args(sys.argv[1:]), before_step=lambda: time.sleep({STEP_DELAY_S}))
+run_serve(build_parser().parse_args(sys.argv[1:]), before_step=functools.partial(time.sleep, {STEP_DELAY_S}))
 """
 
 

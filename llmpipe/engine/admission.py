@@ -1,0 +1,56 @@
+"""Admission: a prompt (text, token ids, or {"prompt_token_ids": …}) and its SamplingParams checked
+against what the engine core takes, on the front end, before anything is sent to the core."""
+
+from __future__ import annotations
+
+from llmpipe.errors import InvalidRequestError
+from llmpipe.sampling_params import SamplingParams
+from llmpipe.tokenizer import Tokenizer
+
+PromptInput = str | list[int] | dict
+
+
+class Admission:
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+
+    def prompt(self, prompt: PromptInput, params: SamplingParams) -> tuple[str | None, list[int]]:
+        """(text, token ids) of an admissible request; InvalidRequestError naming the field if not."""
+        text, token_ids, from_ids = self._tokenize(prompt)
+        limit = self.max_model_len
+        if not token_ids:
+            raise InvalidRequestError("prompt is empty", param="prompt")
+        if len(token_ids) >= limit:
+            raise InvalidRequestError(
+                f"prompt has {len(token_ids)} tokens, over the context limit: at most {limit - 1} "
+                f"leave room for one generated token (max_model_len={limit})",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        if from_ids:
+            self._check_ids(token_ids)
+        if params.stop_list and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
+        params.check_token_ids(self.vocab_size)
+        return text, token_ids
+
+    def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int], bool]:
+        """(text, token ids, whether the ids came from the caller and still need checking)."""
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"]), True
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("this model has no tokenizer: pass prompt_token_ids")
+            return prompt, self.tokenizer.encode(prompt), False
+        return None, list(prompt), True
+
+    def _check_ids(self, ids: list[int]) -> None:
+        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt_token_ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}", param="prompt"
+            )

@@ -1,0 +1,483 @@
+"""EngineCore: the model, the KV cache, the scheduler, the sampler and the speculative proposer.
+
+Token ids in (`EngineCoreRequest`), token ids out (`EngineCoreOutputs`): text never reaches it.
+Each step is three calls, vLLM v1's shape: the scheduler picks a batch (decodes + prefill chunks)
+under the token budget, the runner computes it in one forward pass over the paged KV cache, and
+`_update_from_output` samples, appends and applies the token-level stop rules (EOS, stop token
+ids, max_tokens, the context). Stop strings need text, so the front end checks them and aborts
+the sample that matched one.
+
+The offline `LLM` runs this core in-process; `llmpipe serve` runs it in a process of its own
+(`core_process.py`), so the model's compute never contends with HTTP for the GIL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Iterator
+
+import torch
+
+from llmpipe.config import EngineConfig
+from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
+from llmpipe.engine.compressed_kv_cache import check_supported
+from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.kv_cache import plan_kv_pool
+from llmpipe.engine.model_runner import ModelRunner
+from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
+from llmpipe.engine.sequence import Request, Sequence, SequenceStatus
+from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.layers.sampler import SamplingRow, adjusted_logits, sample, topn_logprobs
+from llmpipe.loader import load_checkpoint
+from llmpipe.models import load_model, resident_bytes
+from llmpipe.sampling_params import SamplingParams
+from llmpipe.spec import Proposal, Proposer, verify
+from llmpipe.spec.draft import DraftProposer
+from llmpipe.spec.ngram import NgramProposer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SpecDecodeStats:
+    num_drafts: int = 0  # proposals verified (one per sequence per step)
+    num_draft_tokens: int = 0  # tokens proposed
+    num_accepted_tokens: int = 0  # proposed tokens the target kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use
+    num_blocks: int
+    num_free_blocks: int
+    peak_blocks_in_use: int
+    # Bytes a token adds to a sequence's cache once it is longer than every window: the layers that
+    # keep all tokens (all layers for a model without windows). Window layers hold ~W tokens instead.
+    kv_bytes_per_token: int
+    prefix_cache_queries: int  # prompt blocks looked up
+    prefix_cache_hits: int  # prompt blocks served from the cache
+    num_preemptions: int
+    num_prefill_tokens: int  # prompt tokens actually computed (cache hits excluded)
+    num_generation_tokens: int
+    kv_bytes_in_use: int = 0  # bytes of the blocks in use
+    spec_decode: SpecDecodeStats | None = None  # with speculative decoding on
+    kv_bytes_per_seq: dict[str, int] = field(default_factory=dict)  # running request → bytes its blocks hold
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What a front end needs to know of the core it talks to: limits and ids for admission."""
+
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    weight_bytes: int
+    pid: int
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, *, progress: bool = True):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        checkpoint = load_checkpoint(config.model)
+        if checkpoint.config.deepseek_v4 is not None:
+            check_supported(config)
+        if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
+            checkpoint.config = replace(checkpoint.config, sliding_window=None)
+        config.model_config = checkpoint.config
+        self.config = config
+        self.checkpoint = checkpoint
+        self.eos_token_ids = set(checkpoint.config.eos_token_ids)
+        if checkpoint.tokenizer is not None and checkpoint.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(checkpoint.tokenizer.eos_token_id)
+        if config.tensor_parallel_size > 1:  # rank 0's shard here; the executor starts the other ranks
+            from llmpipe.distributed.executor import TensorParallelExecutor
+
+            self.runner = TensorParallelExecutor(checkpoint, config, progress)
+            self.model = self.runner.model
+        else:
+            self.model = load_model(checkpoint, config, progress)
+        # Per rank under tensor parallelism: self.model.config has rank 0's KV heads (the most).
+        self.kv_layout, self.block_bytes, num_blocks = plan_kv_pool(config, self.model.config)
+        self._set_max_model_len(self.kv_layout.max_tokens(
+            num_blocks, config.block_size, config.max_num_batched_tokens, checkpoint.config.max_position_embeddings
+        ))
+        specs = [group.spec for group in self.kv_layout.groups]
+        self.block_manager = BlockManager(
+            num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache, specs
+        )
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        if config.tensor_parallel_size > 1:
+            self.runner.start(num_blocks, self.kv_layout)
+        else:
+            self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
+        self.block_manager.copy_block = self.runner.kv_cache.copy_block  # prefix hits inside compressed blocks
+        self.proposer = self._build_proposer(progress)
+        self.spec_stats = SpecDecodeStats()
+        self.requests: dict[str, Request] = {}
+        self.num_prefill_tokens = 0
+        self.num_generation_tokens = 0
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is collected or the
+        interpreter exits); the core cannot step afterwards."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    def info(self, pid: int) -> CoreInfo:
+        return CoreInfo(
+            self.config.model, self.config.max_model_len, self.config.model_config.vocab_size,
+            tuple(sorted(self.eos_token_ids)), self.weight_bytes, pid,
+        )
+
+    def _build_proposer(self, progress: bool) -> Proposer | None:
+        config = self.config
+        if config.speculative_method is not None and not config.kv_cache:
+            raise LLMPipeError("speculative decoding verifies against the KV cache: it needs kv_cache=True")
+        if config.speculative_method == "ngram":
+            return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        if config.speculative_method == "draft":
+            return DraftProposer(config, config.model_config, self._sampling_row, progress)
+        return None
+
+    def _set_max_model_len(self, pool_tokens: int) -> None:
+        model_len = self.config.model_config.max_position_embeddings
+        wanted = min(self.config.max_model_len or model_len, model_len)
+        if wanted > pool_tokens:
+            logger.warning("max_model_len %d capped to the KV cache's %d tokens", wanted, pool_tokens)
+        self.config.max_model_len = min(wanted, pool_tokens)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Resident weights: parameters and persistent buffers (quantized weights, their scales), each
+        once; under tensor parallelism, rank 0's shard (`runner.rank_memory()` has every rank's)."""
+        return resident_bytes(self.model)
+
+    def stats(self) -> EngineStats:
+        blocks = self.block_manager
+        per_seq: dict[str, int] = {}
+        for seq in self.scheduler.running:
+            per_seq[seq.request_id] = per_seq.get(seq.request_id, 0) + blocks.blocks_held(seq) * self.block_bytes
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=blocks.usage,
+            num_blocks=blocks.num_blocks,
+            num_free_blocks=blocks.num_free_blocks,
+            peak_blocks_in_use=blocks.peak_blocks_in_use,
+            kv_bytes_per_token=self.kv_layout.growth_bytes_per_token(self.runner.kv_cache.bytes_per_token),
+            prefix_cache_queries=blocks.prefix_queries,
+            prefix_cache_hits=blocks.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prefill_tokens=self.num_prefill_tokens,
+            num_generation_tokens=self.num_generation_tokens,
+            kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes,
+            kv_bytes_per_seq=per_seq,
+            spec_decode=replace(self.spec_stats) if self.proposer is not None else None,
+        )
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Admit a request the front end checked (`admission.Admission`); the checks here only
+        guard the core against a front end that did not."""
+        if request.request_id in self.requests:
+            raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
+        token_ids, params = request.prompt_token_ids, request.params
+        if not token_ids or len(token_ids) >= self.config.max_model_len:
+            raise InvalidRequestError(f"the prompt's {len(token_ids)} tokens do not fit max_model_len", param="prompt")
+        params.check_token_ids(self.config.model_config.vocab_size)
+        sequences = [self._new_sequence(request.request_id, i, token_ids, params) for i in range(params.n)]
+        self.requests[request.request_id] = Request(request.request_id, token_ids, params, sequences)
+        self.scheduler.add(sequences[0])
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Stop a request (or one of its samples) now and free its KV blocks at once."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        for seq in request.sequences:
+            if index is None or seq.index == index:
+                if not seq.finished:
+                    seq.finish("abort")
+                self._release(seq)
+        if request.finished:
+            del self.requests[request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _new_sequence(self, request_id: str, index: int, token_ids: list[int], params: SamplingParams) -> Sequence:
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.config.device).manual_seed(params.seed + index)
+        seq = Sequence(request_id, index, list(token_ids), params, generator)
+        seq.new_logprobs = [] if params.logprobs is not None else None
+        return seq
+
+    # ---- stepping: schedule → execute → update from the output ------------------------------
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule and run one batch: the progress of every request it advanced."""
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            if self.scheduler.has_work():
+                raise LLMPipeError("scheduler made no progress: the KV cache is too small for any waiting request")
+            return EngineCoreOutputs([], time.perf_counter())
+        now = time.perf_counter()
+        for item in batch.prefills:
+            request = self.requests[item.seq.request_id]
+            request.first_scheduled_time = request.first_scheduled_time or now
+        proposals = self._propose(batch)
+        if self.proposer is not None:
+            self.proposer.prefill([item.seq for item in batch.prefills if item.completes_prefill])
+        logits = self.runner.run(batch)
+        return self._update_from_output(batch, logits, proposals)
+
+    def step_guarded(self) -> EngineCoreOutputs:
+        """A step whose batch-level fault fails the requests in flight instead of raising: the
+        engine keeps serving the next ones."""
+        try:
+            return self.step()
+        except Exception as err:
+            logger.exception("engine step failed; failing the requests in flight")
+            outputs = []
+            for request_id in list(self.requests):
+                for seq in self.requests[request_id].sequences:
+                    if not seq.finished:
+                        seq.fail(f"the engine's step failed ({type(err).__name__})")
+                        outputs.append(seq.take_output())
+                self.abort(request_id)
+            return EngineCoreOutputs(outputs, time.perf_counter())
+
+    def _update_from_output(
+        self, batch: SchedulerOutput, logits: torch.Tensor, proposals: dict[Sequence, Proposal]
+    ) -> EngineCoreOutputs:
+        sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
+        self._advance_computed(batch)
+        widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
+        starts = [0, *itertools.accumulate(widths)]
+        rows, seqs = self._with_forked_siblings(sampled)
+        self._sample_and_append(seqs, logits, [(starts[r], widths[r]) for r in rows], proposals)
+        if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step
+            for seq in seqs:
+                seq.num_computed_tokens = 0
+        timestamp = time.perf_counter()
+        advanced = dict.fromkeys([seq for seq in seqs] + [item.seq for item in batch.prefills])
+        return EngineCoreOutputs(self._collect_outputs(advanced), timestamp)
+
+    def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
+        """Draft tokens for this step's decodes, each capped so it cannot run past max_tokens or the
+        context, and kept only where the cache has blocks for them; they join the batch."""
+        if self.proposer is None or not batch.decodes:
+            return {}
+        k = self.config.num_speculative_tokens
+        limits = []
+        for seq in batch.decodes:
+            left = self.config.max_model_len - seq.num_tokens
+            if seq.params.max_tokens is not None:
+                left = min(left, seq.params.max_tokens - len(seq.output_token_ids))
+            limits.append(min(k, left - 1))
+        proposals = self.proposer.propose(batch.decodes, limits)
+        for seq, proposal in list(proposals.items()):
+            if self.block_manager.can_reserve(seq, 1 + len(proposal.token_ids)):
+                self.block_manager.reserve(seq, 1 + len(proposal.token_ids))
+                batch.draft_token_ids[seq] = proposal.token_ids
+            else:
+                del proposals[seq]
+        return proposals
+
+    def _advance_computed(self, batch: SchedulerOutput) -> None:
+        for seq in batch.decodes:
+            seq.num_computed_tokens += 1
+        for item in batch.prefills:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.num_prefill_tokens += item.num_tokens
+        for seq in batch.decodes + [item.seq for item in batch.prefills]:
+            self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+            self.block_manager.free_out_of_window(seq)  # at once, so usage and stats show what is held
+
+    def _with_forked_siblings(self, sampled: list[Sequence]) -> tuple[list[int], list[Sequence]]:
+        """When sample 0 of an n > 1 request has prefilled its prompt, the other samples start from
+        its blocks (sharing full blocks, copying the partial last one) and sample from its logits."""
+        rows, seqs = list(range(len(sampled))), list(sampled)
+        for row, seq in enumerate(sampled):
+            request = self.requests[seq.request_id]
+            if request.forked or len(request.sequences) == 1:
+                continue
+            request.forked = True
+            for sibling in request.sequences[1:]:
+                if sibling.finished:  # aborted before it started
+                    continue
+                if not self.block_manager.can_fork(seq):
+                    self.scheduler.add(sibling)  # no block to copy into: prefill it (prefix cache hits)
+                    continue
+                for copy in self.block_manager.fork(seq, sibling):
+                    self.runner.kv_cache.copy_block(*copy)
+                sibling.num_computed_tokens = seq.num_computed_tokens
+                sibling.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(sibling)
+                rows.append(row)
+                seqs.append(sibling)
+        return rows, seqs
+
+    def _collect_outputs(self, seqs: dict[Sequence, None]) -> list[EngineCoreOutput]:
+        outputs = []
+        for seq in seqs:
+            request = self.requests.get(seq.request_id)
+            if request is None:
+                continue
+            first_scheduled = None
+            if not request.scheduled_sent:
+                request.scheduled_sent, first_scheduled = True, request.first_scheduled_time
+            outputs.append(seq.take_output(first_scheduled))
+        for output in outputs:
+            request = self.requests.get(output.request_id)
+            if request is not None and request.finished:
+                del self.requests[output.request_id]
+        return outputs
+
+    def _sample_and_append(
+        self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int]], proposals: dict[Sequence, Proposal]
+    ) -> None:
+        """spans[i]: (first row, rows) of seqs[i]'s logits, one row per token fed (its newest token
+        and any drafts)."""
+        if not seqs:
+            return
+        emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
+        plain = [i for i, seq in enumerate(seqs) if seq not in proposals]
+        for i, sampled in self._sample_each_or_alone(logits, [spans[i][0] for i in plain], [seqs[i] for i in plain]):
+            emitted[plain[i]] = sampled
+        for i, seq in enumerate(seqs):
+            if seq in proposals:
+                start, width = spans[i]
+                try:
+                    emitted[i] = self._verify(seq, logits[start : start + width], proposals[seq])
+                except Exception:
+                    logger.exception("request %s failed verifying its drafts; the others go on", seq.request_id)
+                    seq.fail("the engine failed verifying this request's speculative tokens")
+        for seq, (tokens, logprobs) in zip(seqs, emitted):
+            self._emit(seq, tokens, logprobs)
+            if seq in proposals and not seq.finished:
+                self._keep_accepted(seq, len(tokens) - 1)
+            if seq.finished:
+                self._release(seq)
+
+    def _sample_each_or_alone(self, logits: torch.Tensor, rows: list[int], seqs: list[Sequence]):
+        """(i, ([token], [logprobs])) for each seqs[i], sampled from logits[rows[i]] in one batch. If
+        the batch raises, each row is sampled alone so that only the sequences at fault fail."""
+        if not seqs:
+            return []
+        try:
+            result = sample(logits[rows], [self._sampling_row(seq) for seq in seqs])
+            return [(i, ([token], [lp])) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))]
+        except Exception:
+            logger.exception("sampling a batch of %d failed; sampling each sequence alone", len(seqs))
+        sampled = []
+        for i, (row, seq) in enumerate(zip(rows, seqs)):
+            try:
+                result = sample(logits[[row]], [self._sampling_row(seq)])
+                sampled.append((i, (result.token_ids, result.logprobs)))
+            except Exception:
+                logger.exception("request %s failed sampling; the others go on", seq.request_id)
+                seq.fail("the engine failed sampling this request's next token")
+        return sampled
+
+    def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> tuple[list[int], list]:
+        """Rejection-sample the drafts against the target's rows; the accepted ones plus one more token."""
+        drafts = proposal.token_ids
+        rows = [self._sampling_row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
+        tokens = verify(adjusted_logits(logits, rows), rows, proposal)
+        stats = self.spec_stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += len(drafts)
+        stats.num_accepted_tokens += len(tokens) - 1
+        return tokens, topn_logprobs(logits[: len(tokens)], tokens, rows[: len(tokens)])
+
+    def _emit(self, seq: Sequence, tokens: list[int], logprobs: list) -> None:
+        """Append tokens in order until one ends the sequence (EOS, a stop token, max_tokens)."""
+        for token, info in zip(tokens, logprobs):
+            if seq.finished:
+                break
+            try:
+                if info is not None and seq.new_logprobs is not None:
+                    logprob, rank, top = info
+                    seq.new_logprobs.append((float(logprob), int(rank), [(int(t), float(lp)) for t, lp in top]))
+                self._append_token(seq, token)
+            except Exception:  # one sequence's fault must not sink the batch
+                logger.exception("request %s failed; the others go on", seq.request_id)
+                seq.fail("the engine failed handling this request's tokens")
+            self.num_generation_tokens += 1
+
+    def _keep_accepted(self, seq: Sequence, num_accepted: int) -> None:
+        """The accepted drafts' K/V stay (the newest token's was counted already); the rejected
+        tail's blocks go back."""
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
+        self.block_manager.trim(seq, seq.num_tokens)
+
+    def _release(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks (and its draft's) at once."""
+        self.scheduler.finish(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
+
+    def _sampling_row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
+        """The sampling rules for seq's next token, after `drafts` if it is a speculative position."""
+        output = seq.output_token_ids + list(drafts) if drafts else seq.output_token_ids
+        banned: list[int] = []
+        if len(output) < seq.params.min_tokens:
+            banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(self.eos_token_ids))
+        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, banned)
+
+    def _append_token(self, seq: Sequence, token: int) -> None:
+        """Record the token and apply the token-level stop rules (stop strings: the front end's)."""
+        seq.append_token(token)
+        params = seq.params
+        may_stop = len(seq.output_token_ids) >= params.min_tokens
+        if may_stop and token in params.stop_token_ids:
+            seq.finish("stop", token)
+        elif may_stop and not params.ignore_eos and token in self.eos_token_ids:
+            seq.finish("stop")
+        elif params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
+            seq.finish("length")
+        elif seq.num_tokens >= self.config.max_model_len:
+            seq.finish("length")
+
+    # ---- evaluation -----------------------------------------------------------------------
+
+    def score(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
+        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests)."""
+        with self.scratch_blocks(token_ids) as block_tables:
+            return self.runner.score(token_ids, block_tables, last_only)
+
+    @contextmanager
+    def scratch_blocks(self, token_ids: list[int]) -> Iterator[list[BlockTable]]:
+        """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""
+        scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None)
+        no_hit = PrefixHit(0, [BlockTable() for _ in self.block_manager.specs])  # computed from scratch
+        if not self.block_manager.can_allocate(scratch, no_hit, len(token_ids)):
+            raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
+        self.block_manager.allocate(scratch, no_hit, len(token_ids))
+        try:
+            yield scratch.block_tables
+        finally:
+            self.block_manager.free_sequence(scratch)
+

@@ -1,0 +1,79 @@
+"""CoreLoop: what runs the engine core, in a thread or in its own process, behind a transport.
+
+While the core has requests it steps without waiting, applying the commands (requests, aborts)
+that arrived meanwhile before each step; idle, it waits for the next command. After every step,
+and after commands that changed the core's state, it hands the outputs and the core's stats to
+the transport. A step whose batch faults fails the requests in flight and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Protocol
+
+from llmpipe.engine.core import EngineCore, EngineStats
+from llmpipe.engine.core_messages import Abort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+
+logger = logging.getLogger(__name__)
+IDLE_WAIT_S = 0.5  # an idle loop wakes this often to check that it should still run
+
+Command = EngineCoreRequest | Abort
+
+
+class Stop:
+    """The command that ends the loop (aborting whatever still runs)."""
+
+
+class Transport(Protocol):
+    def receive(self, timeout_s: float) -> list[Command | Stop]:
+        """Commands that arrived, waiting up to timeout_s for the first (0: none)."""
+
+    def send(self, step: EngineCoreOutputs, stats: EngineStats) -> None: ...
+
+    def should_run(self) -> bool:
+        """False once the loop's owner is gone (the API server died)."""
+
+
+class CoreLoop:
+    def __init__(self, core: EngineCore, transport: Transport, before_step: Callable[[], None] | None = None) -> None:
+        """`before_step` runs before every step: tests pace the engine with it (a request that must
+        still be running when something happens)."""
+        self.core = core
+        self.transport = transport
+        self.before_step = before_step
+
+    def run(self) -> None:
+        while self.transport.should_run():
+            commands = self.transport.receive(0 if self.core.has_unfinished_requests() else IDLE_WAIT_S)
+            if not self._apply(commands):
+                break
+            if self.core.has_unfinished_requests():
+                if self.before_step is not None:
+                    self.before_step()
+                self.transport.send(self.core.step_guarded(), self.core.stats())
+            elif commands:  # admissions or aborts changed the stats a client may read
+                self.transport.send(EngineCoreOutputs([], 0.0), self.core.stats())
+        for request_id in list(self.core.requests):
+            self.core.abort(request_id)
+
+    def _apply(self, commands: list[Command | Stop]) -> bool:
+        """Run the commands in order; False on Stop."""
+        for command in commands:
+            if isinstance(command, Stop):
+                return False
+            if isinstance(command, Abort):
+                for request_id, index in command.targets:
+                    self.core.abort(request_id, index)
+            else:
+                self._add(command)
+        return True
+
+    def _add(self, request: EngineCoreRequest) -> None:
+        try:
+            self.core.add_request(request)
+        except Exception as err:  # the front end checked admission first: fail this request alone
+            logger.exception("request %s refused by the engine core", request.request_id)
+            error = f"the engine refused the request: {err}"
+            outputs = [EngineCoreOutput(request.request_id, i, [], finish_reason="error", error=error)
+                       for i in range(request.params.n)]
+            self.transport.send(EngineCoreOutputs(outputs, 0.0), self.core.stats())
