@@ -14,7 +14,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-robustness bench-spec bench-compressed install clean
+.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-spec bench-compressed install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -74,6 +74,12 @@ bench-serve: $(TESTENV)
 	$(VENV)/bin/llmpipe bench serve --base-url http://127.0.0.1:$(SERVE_PORT) --wait-for-server 300 \
 	  --max-concurrency 1 8 32 --num-prompts 8 32 64 --input-len 128 --output-len 64 \
 	  --json bench_results/serve.json --plot bench_results/serve.png
+
+# llmpipe serve vs llama-server on the same GGUF (needs `make bench-peers`), one server at a time, same load.
+bench-serve-peers: $(TESTENV)
+	$(VENV)/bin/llmpipe bench serve --peer llama.cpp --model smollm2-135m-instruct --max-concurrency 1 16 32 64 \
+	  --num-prompts 12 48 64 128 --input-len 128 --output-len 64 --vocab-size 49152 \
+	  --json bench_results/serve_peer.json --plot bench_results/serve_peer.png
 
 # llmpipe serve on SmolLM2, then huge and hostile requests (7 MiB prompts, 200,000 messages, 70,000 stop
 # strings, stalled headers) beside a live stream: each answer, /health latency and the stream's gap ratio.

@@ -127,8 +127,8 @@ class TensorParallelExecutor:
 
     # ---- what the engine calls on its runner ------------------------------------------------
 
-    def run(self, batch: SchedulerOutput) -> torch.Tensor:
-        return self._forward(*self.local._prepare(batch))
+    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+        return self._forward(*self.local.prepare_inputs(batch))
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
         metas = self.local.prefill_metadata(block_tables, len(token_ids))

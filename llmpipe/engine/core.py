@@ -27,9 +27,9 @@ from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
 from llmpipe.engine.compressed_kv_cache import check_supported
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.kv_cache import plan_kv_pool
-from llmpipe.engine.model_runner import ModelRunner
+from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
-from llmpipe.engine.sequence import Request, Sequence, SequenceStatus
+from llmpipe.engine.sequence import Request, Sequence
 from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.layers.sampler import SamplingRow, adjusted_logits, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
@@ -93,6 +93,7 @@ class CoreInfo:
 
 class EngineCore:
     def __init__(self, config: EngineConfig, *, progress: bool = True):
+        config = replace(config)  # resolved here (the checkpoint's config, max_model_len): the caller's stays as given
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model)
@@ -126,7 +127,7 @@ class EngineCore:
         if config.tensor_parallel_size > 1:
             self.runner.start(num_blocks, self.kv_layout)
         else:
-            self.runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
+            self.runner: Runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
         self.block_manager.copy_block = self.runner.kv_cache.copy_block  # prefix hits inside compressed blocks
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
@@ -248,7 +249,7 @@ class EngineCore:
         proposals = self._propose(batch)
         if self.proposer is not None:
             self.proposer.prefill([item.seq for item in batch.prefills if item.completes_prefill])
-        logits = self.runner.run(batch)
+        logits = self.runner.execute(batch)
         return self._update_from_output(batch, logits, proposals)
 
     def step_guarded(self) -> EngineCoreOutputs:
@@ -271,21 +272,21 @@ class EngineCore:
         self, batch: SchedulerOutput, logits: torch.Tensor, proposals: dict[Sequence, Proposal]
     ) -> EngineCoreOutputs:
         sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
-        self._advance_computed(batch)
+        self.scheduler.update_from_output(batch)
+        self.num_prefill_tokens += sum(item.num_tokens for item in batch.prefills)
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
         rows, seqs = self._with_forked_siblings(sampled)
         self._sample_and_append(seqs, logits, [(starts[r], widths[r]) for r in rows], proposals)
-        if not self.config.kv_cache:  # recompute mode: forget the K/V, recompute everything next step
-            for seq in seqs:
-                seq.num_computed_tokens = 0
+        if not self.config.kv_cache:
+            self.scheduler.forget_computed(seqs)
         timestamp = time.perf_counter()
         advanced = dict.fromkeys([seq for seq in seqs] + [item.seq for item in batch.prefills])
         return EngineCoreOutputs(self._collect_outputs(advanced), timestamp)
 
     def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
         """Draft tokens for this step's decodes, each capped so it cannot run past max_tokens or the
-        context, and kept only where the cache has blocks for them; they join the batch."""
+        context; the scheduler keeps those the cache has blocks for, and they join the batch."""
         if self.proposer is None or not batch.decodes:
             return {}
         k = self.config.num_speculative_tokens
@@ -296,23 +297,8 @@ class EngineCore:
                 left = min(left, seq.params.max_tokens - len(seq.output_token_ids))
             limits.append(min(k, left - 1))
         proposals = self.proposer.propose(batch.decodes, limits)
-        for seq, proposal in list(proposals.items()):
-            if self.block_manager.can_reserve(seq, 1 + len(proposal.token_ids)):
-                self.block_manager.reserve(seq, 1 + len(proposal.token_ids))
-                batch.draft_token_ids[seq] = proposal.token_ids
-            else:
-                del proposals[seq]
-        return proposals
-
-    def _advance_computed(self, batch: SchedulerOutput) -> None:
-        for seq in batch.decodes:
-            seq.num_computed_tokens += 1
-        for item in batch.prefills:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.num_prefill_tokens += item.num_tokens
-        for seq in batch.decodes + [item.seq for item in batch.prefills]:
-            self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-            self.block_manager.free_out_of_window(seq)  # at once, so usage and stats show what is held
+        kept = self.scheduler.add_drafts(batch, {seq: p.token_ids for seq, p in proposals.items()})
+        return {seq: proposals[seq] for seq in kept}
 
     def _with_forked_siblings(self, sampled: list[Sequence]) -> tuple[list[int], list[Sequence]]:
         """When sample 0 of an n > 1 request has prefilled its prompt, the other samples start from
@@ -326,14 +312,11 @@ class EngineCore:
             for sibling in request.sequences[1:]:
                 if sibling.finished:  # aborted before it started
                     continue
-                if not self.block_manager.can_fork(seq):
-                    self.scheduler.add(sibling)  # no block to copy into: prefill it (prefix cache hits)
+                copies = self.scheduler.fork(seq, sibling)
+                if copies is None:
                     continue
-                for copy in self.block_manager.fork(seq, sibling):
+                for copy in copies:
                     self.runner.kv_cache.copy_block(*copy)
-                sibling.num_computed_tokens = seq.num_computed_tokens
-                sibling.status = SequenceStatus.RUNNING
-                self.scheduler.running.append(sibling)
                 rows.append(row)
                 seqs.append(sibling)
         return rows, seqs
@@ -376,7 +359,7 @@ class EngineCore:
         for seq, (tokens, logprobs) in zip(seqs, emitted):
             self._emit(seq, tokens, logprobs)
             if seq in proposals and not seq.finished:
-                self._keep_accepted(seq, len(tokens) - 1)
+                self.scheduler.accept_drafts(seq, len(tokens) - 1)
             if seq.finished:
                 self._release(seq)
 
@@ -425,13 +408,6 @@ class EngineCore:
                 logger.exception("request %s failed; the others go on", seq.request_id)
                 seq.fail("the engine failed handling this request's tokens")
             self.num_generation_tokens += 1
-
-    def _keep_accepted(self, seq: Sequence, num_accepted: int) -> None:
-        """The accepted drafts' K/V stay (the newest token's was counted already); the rejected
-        tail's blocks go back."""
-        seq.num_computed_tokens += num_accepted
-        self.block_manager.register_full_blocks(seq, seq.num_computed_tokens)
-        self.block_manager.trim(seq, seq.num_tokens)
 
     def _release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's blocks (and its draft's) at once."""

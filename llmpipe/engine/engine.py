@@ -29,7 +29,8 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, *, progress: bool = True):
         self.core = EngineCore(config, progress=progress)
         self.tokenizer = self.core.checkpoint.tokenizer
-        self.admission = Admission(self.tokenizer, config.max_model_len, config.model_config.vocab_size)
+        resolved = self.core.config
+        self.admission = Admission(self.tokenizer, resolved.max_model_len, resolved.model_config.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer)
 
     def __getattr__(self, name: str):

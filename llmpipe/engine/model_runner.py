@@ -8,6 +8,8 @@ they depend only on distances); every layer receives its group's.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -19,6 +21,28 @@ from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
 
 ChunkRows = tuple[list[BlockTable], int, int, int]  # a sequence's tables, start, end, first row in the batch
+
+
+class KVCacheHandle(Protocol):
+    """What the engine core uses of a runner's KV cache (paged, compressed, or sharded over ranks)."""
+
+    bytes_per_token: int
+
+    def copy_block(self, src: int, dst: int) -> None: ...
+
+
+class Runner(Protocol):
+    """What the engine core computes a batch on: a ModelRunner, or a TensorParallelExecutor whose
+    ranks each hold a shard of the model."""
+
+    @property
+    def kv_cache(self) -> KVCacheHandle: ...
+
+    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+        """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
+        chunk that ends its prefill."""
+
+    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
 
 
 class ModelRunner:
@@ -34,10 +58,10 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def run(self, batch: SchedulerOutput) -> torch.Tensor:
+    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
         """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
         chunk that ends its prefill."""
-        ids, positions, metas, logit_rows = self._prepare(batch)
+        ids, positions, metas, logit_rows = self.prepare_inputs(batch)
         hidden = self.model(ids, positions, self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[logit_rows])
 
@@ -54,7 +78,7 @@ class ModelRunner:
         """Per layer: one sequence's first num_tokens, computed from scratch into block_tables."""
         return self._layer_metadata([], [], [(block_tables, 0, num_tokens, 0)])
 
-    def _prepare(self, batch: SchedulerOutput):
+    def prepare_inputs(self, batch: SchedulerOutput):
         """A decode feeds its newest token and any draft tokens, each as a decode row of its own
         (the row at position p sees the keys up to p: drafts are verified in the batched decode
         path). Prefill chunks follow; their last rows give logits where they end a prefill."""

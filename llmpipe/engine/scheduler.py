@@ -7,6 +7,12 @@ the tokens scheduled, after the sequence's window groups drop the blocks they no
 When the cache runs out of blocks, the most recently admitted sequence is preempted: its blocks
 are freed and it goes back to the front of the queue, keeping the tokens it generated (they are
 recomputed on resumption, from the prefix cache where it still holds them).
+
+The scheduler is the only writer of a sequence's progress (`num_computed_tokens`): after the
+runner computed a batch, `update_from_output` counts what it computed, registers the newly full
+blocks in the prefix cache and frees what the windows no longer reach; `add_drafts` decides
+which speculative tokens get slots, `accept_drafts` keeps the accepted ones; `fork` starts the
+other samples of an n > 1 request from sample 0's blocks.
 """
 
 from __future__ import annotations
@@ -81,6 +87,50 @@ class Scheduler:
             out.prefills.append(ScheduledChunk(seq, n))
             budget -= n
         return out
+
+    def add_drafts(self, out: SchedulerOutput, drafts: dict[Sequence, list[int]]) -> dict[Sequence, list[int]]:
+        """Give the decodes' draft tokens slots where the cache has blocks for them; the drafts kept."""
+        kept = {}
+        for seq, token_ids in drafts.items():
+            if self.blocks.can_reserve(seq, 1 + len(token_ids)):
+                self.blocks.reserve(seq, 1 + len(token_ids))
+                out.draft_token_ids[seq] = kept[seq] = token_ids
+        return kept
+
+    def update_from_output(self, out: SchedulerOutput) -> None:
+        """The batch was computed: its tokens' K/V are in the cache."""
+        for seq in out.decodes:
+            seq.num_computed_tokens += 1
+        for item in out.prefills:
+            item.seq.num_computed_tokens += item.num_tokens
+        for seq in out.decodes + [item.seq for item in out.prefills]:
+            self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
+            self.blocks.free_out_of_window(seq)  # at once, so usage and stats show what is held
+
+    def forget_computed(self, seqs: list[Sequence]) -> None:
+        """Recompute mode (no KV cache kept): these sampled sequences compute everything next step."""
+        for seq in seqs:
+            seq.num_computed_tokens = 0
+
+    def accept_drafts(self, seq: Sequence, num_accepted: int) -> None:
+        """The accepted drafts' K/V stay (the newest token's was counted already); the rejected
+        tail's blocks go back."""
+        seq.num_computed_tokens += num_accepted
+        self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
+        self.blocks.trim(seq, seq.num_tokens)
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]] | None:
+        """Start child from parent's blocks (full ones shared, the partial last one copied) and run it
+        from now on; the block copies the runner must make. None if no block is free to copy into:
+        the child then queues to prefill (from the prefix cache)."""
+        if not self.blocks.can_fork(parent):
+            self.add(child)
+            return None
+        copies = self.blocks.fork(parent, child)
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.status = SequenceStatus.RUNNING
+        self.running.append(child)
+        return copies
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Give seq blocks for its next num_new_tokens tokens (after freeing what its windows no

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import threading
@@ -14,7 +15,11 @@ import pytest
 import uvicorn
 
 from llmpipe import LLM
+from llmpipe.config import EngineConfig
+from llmpipe.engine.core_client import ProcessCoreClient
+from llmpipe.loader import load_checkpoint
 from llmpipe.server.app import create_app
+from llmpipe.server.async_engine import AsyncEngine
 from llmpipe.server.http import uvicorn_config
 
 TINY_MODEL = "tiny"
@@ -25,13 +30,21 @@ STEP_DELAY_S = 0.05
 
 
 def paced(delay: float = STEP_DELAY_S):
-    """A `before_step` hook for create_app that makes every engine step last at least `delay`."""
-    return lambda: time.sleep(delay)
+    """A `before_step` hook that makes every engine step last at least `delay` (picklable: it may run
+    in the engine core process)."""
+    return functools.partial(time.sleep, delay)
+
+
+def core_process_engine(path: str, before_step=None, **options) -> AsyncEngine:
+    """An AsyncEngine over an engine core process, as `llmpipe serve` builds it."""
+    config = EngineConfig.from_kwargs(model=path, **options)
+    return AsyncEngine(ProcessCoreClient(config, before_step), load_checkpoint(path).tokenizer, max_waiting=512)
 
 
 @contextmanager
-def live_server(llm: LLM, model_name: str = TINY_MODEL, header_timeout: float = 30.0, **options) -> Iterator[str]:
-    """Serve `llm` until the block ends (as `llmpipe serve` does: the same app and HTTP layer); yields the base URL."""
+def live_server(llm: LLM | AsyncEngine, model_name: str = TINY_MODEL, header_timeout: float = 30.0, **options) -> Iterator[str]:
+    """Serve `llm` (its core on a thread) or an AsyncEngine (over a core process) until the block ends,
+    with `llmpipe serve`'s app and HTTP layer; yields the base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     app = create_app(llm, model_name, **options)

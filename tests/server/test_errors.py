@@ -182,7 +182,7 @@ def test_an_out_of_vocabulary_stop_id_is_a_400_and_the_batch_beside_it_goes_on(u
 def test_a_failed_model_step_fails_its_requests_with_a_clear_message_and_the_server_goes_on(tiny_path):
     llm = LLM(tiny_path, progress=False)
     runner, calls = llm.engine.runner, []
-    original = runner.run
+    original = runner.execute
 
     def failing_once(batch):
         calls.append(batch)
@@ -190,7 +190,7 @@ def test_a_failed_model_step_fails_its_requests_with_a_clear_message_and_the_ser
             raise RuntimeError("injected forward fault")
         return original(batch)
 
-    runner.run = failing_once
+    runner.execute = failing_once
     body = {"prompt": [1, 5, 9], "max_tokens": 8, "ignore_eos": True, "temperature": 0.0}
     with live_server(llm) as url:
         failed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)

@@ -1,0 +1,77 @@
+"""The engine core behind its message boundary: what it sends survives msgpack unchanged, so a front
+end over the wire produces exactly the offline outputs; the caller's EngineConfig is left as given."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import msgspec
+import pytest
+
+from llmpipe import LLM, SamplingParams
+from llmpipe.config import EngineConfig
+from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.engine import LLMEngine
+
+REQUESTS = [
+    ("greedy", [1, 5, 9, 13], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)),
+    ("seeded-n2", [1, 200, 17], SamplingParams(temperature=0.9, seed=7, n=2, max_tokens=10, ignore_eos=True)),
+    ("stop-token", [1, 42, 43], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[], min_tokens=2)),
+]
+
+
+def run(engine: LLMEngine) -> dict[str, object]:
+    for request_id, prompt, params in REQUESTS:
+        engine.add_request(request_id, prompt, dataclasses.replace(params))
+    finals = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                finals[output.request_id] = output
+    return finals
+
+
+def comparable(output) -> list:
+    return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs, c.cumulative_logprob)
+            for c in output.outputs]
+
+
+def test_outputs_through_msgpack_equal_the_in_process_ones(tiny_checkpoint):
+    path = str(tiny_checkpoint("llama_gqa"))
+    direct = run(LLM(path, progress=False).engine)
+    wired = LLM(path, progress=False).engine
+    encode, decode = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder(EngineCoreOutputs).decode
+    step, add = wired.core.step, wired.core.add_request
+    wired.core.step = lambda: decode(encode(step()))
+    wired.core.add_request = lambda request: add(msgspec.msgpack.Decoder(EngineCoreRequest).decode(encode(request)))
+    over_the_wire = run(wired)
+    assert direct.keys() == over_the_wire.keys() == {r[0] for r in REQUESTS}
+    for request_id in direct:
+        assert comparable(direct[request_id]) == comparable(over_the_wire[request_id])
+        assert direct[request_id].outputs[0].token_ids  # something was generated
+
+
+def test_a_stop_string_ends_the_sample_in_the_front_end_and_the_core_lets_it_go(tiny_checkpoint):
+    """The core knows no text: the output processor matches the stop string, trims the text, and
+    aborts the sample in the core, whose blocks are free at once."""
+    path = str(tiny_checkpoint("llama_gqa"))
+    llm = LLM(path, progress=False)
+    free = llm.engine.stats().num_free_blocks
+    probe = llm.generate([[1, 5, 9]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))[0].outputs[0]
+    stop = probe.text[len(probe.text) // 2 :][:2]
+    if not stop.strip():
+        pytest.skip("the tiny model's text has no printable stop string here")
+    out = llm.generate([[1, 5, 9]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]))[0]
+    first = probe.text.index(stop)
+    assert out.outputs[0].text == probe.text[:first] and out.outputs[0].stop_reason == stop
+    assert out.outputs[0].finish_reason == "stop"
+    assert not llm.engine.core.requests and llm.engine.stats().num_free_blocks == free
+
+
+def test_the_callers_engine_config_is_not_changed(tiny_checkpoint):
+    config = EngineConfig.from_kwargs(model=str(tiny_checkpoint("llama_gqa")), max_model_len=None)
+    before = dataclasses.asdict(config)
+    engine = LLMEngine(config, progress=False)
+    assert dataclasses.asdict(config) == before
+    assert config.model_config is None and config.max_model_len is None
+    assert engine.config.max_model_len is not None and engine.config.model_config is not None
