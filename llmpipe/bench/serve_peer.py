@@ -109,6 +109,7 @@ def main(args) -> dict:
     with running(llmpipe_command(args, port), port, Path(f"{logs}.llmpipe.log")):
         ours = load_runs(args, port, _model_id(port))
     peer, flags = _run_peer(args, gguf, logs)
+    offline = offline_itl(args)
     report = {
         "config": {"model": args.model, "gguf": str(gguf), "threads": args.threads, "input_len": args.input_len,
                    "output_len": args.output_len, "request_rate": args.request_rate, "seed": args.seed,
@@ -116,16 +117,38 @@ def main(args) -> dict:
         "llmpipe": ours,
         "llama.cpp": peer,
         "ratios": [ratio_row(a, b) for a, b in zip(ours, peer)],
+        "offline_itl": offline,
+        "served_over_offline_itl_p50": ours[0]["itl"]["p50_ms"] / offline["p50_ms"]
+        if ours[0]["max_concurrency"] == 1 and ours[0]["itl"]["p50_ms"] else None,
     }
     print("llmpipe serve\n" + serve.report_table(ours))
     print(f"\nllama-server ({flags})\n" + serve.report_table(peer))
     print("\nllmpipe / llama-server\n" + ratio_table(report["ratios"]))
+    if report["served_over_offline_itl_p50"] is not None:
+        print(f"\nserved c1 ITL p50 / offline ITL p50 (the same engine, in-process): "
+              f"{ours[0]['itl']['p50_ms']:.1f} / {offline['p50_ms']:.1f} ms = {report['served_over_offline_itl_p50']:.2f}")
     if args.json:
         print(f"wrote {write_json(args.json, report)}")
     if args.plot:
         title = f"{args.model}: llmpipe vs llama-server, {args.input_len} in / {args.output_len} out"
         print(f"wrote {serve.plot_serve(ours, args.plot, title, peer)}")
     return report
+
+
+def offline_itl(args, num_prompts: int = 4) -> dict[str, float | None]:
+    """The same engine in-process (`LLM.generate`, one prompt at a time): its ITL percentiles."""
+    from llmpipe import LLM, SamplingParams
+    from llmpipe.bench.report import random_prompt
+
+    llm = LLM(args.model, progress=False, num_threads=args.threads)
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    gaps: list[float] = []
+    for i in range(num_prompts + 1):  # the first one warms up
+        prompt = random_prompt(args.vocab_size, args.input_len, seed=10_000 + i)
+        output = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0]
+        gaps += output.metrics.itl if i else []
+    llm.close()
+    return serve.percentiles(gaps)
 
 
 def _model_id(port: int) -> str:

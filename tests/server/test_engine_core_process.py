@@ -198,3 +198,18 @@ def test_a_core_that_cannot_load_is_one_readable_line(tiny_path, tmp_path):
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("llmpipe: error:")]
     assert len(lines) == 1 and str(missing) in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("options", [{"speculative_method": "ngram"}, {"tensor_parallel_size": 2}],
+                         ids=["ngram-speculation", "tensor-parallel-2"])
+def test_speculation_and_tensor_parallelism_run_inside_the_core_process(tiny_path, options):
+    """The core process proposes and verifies drafts, or starts the tensor-parallel ranks itself;
+    the served greedy tokens are still transformers'."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
+    with live_server(core_process_engine(tiny_path, **options)) as url:
+        for prompt in PROMPTS[:2]:
+            body = {"prompt": prompt, "max_tokens": STEPS, "temperature": 0.0, "ignore_eos": True,
+                    "return_tokens_as_token_ids": True, "logprobs": 1}
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=HANG_GUARD_S).json()
+            tokens = [int(t.removeprefix("token_id:")) for t in reply["choices"][0]["logprobs"]["tokens"]]
+            assert_greedy_matches(tokens, hf_greedy(model, prompt, STEPS))
