@@ -150,6 +150,10 @@ class EngineConfig:
     # "int8": quantized layers take int8 activation blocks and integer dot products at decode (as
     # llama.cpp does: faster, slightly different numerics); None keeps float activations (exact).
     activation_quantization: str | None = None
+    # True: quantized layers also keep their weights dequantized to float32 and multiply batches of
+    # FLOAT_BATCH_MIN_ROWS rows or more (prefill, big decode batches) with them: the float GEMM,
+    # the same weight values, for ~4.8x the weight memory of Q4. Batch-1 decode keeps the codes.
+    float_batch_weights: bool = False
     # Ranks the model is sharded over (llmpipe.distributed); kv_cache_memory and num_threads are
     # then per rank (num_threads default: this machine's threads shared out among the ranks).
     tensor_parallel_size: int = 1

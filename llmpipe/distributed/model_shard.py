@@ -29,7 +29,7 @@ def load_shard(checkpoint: Checkpoint, config: EngineConfig, rank: int, world: i
         for name, tensor in checkpoint.iter_weights(progress=progress, plan=plan)
     )
     model = build_model(shard.model_config(config.model_config), weights, config.torch_dtype, config.device, plan,
-                        config.activation_quantization)
+                        config.activation_quantization, config.float_batch_weights)
     return parallelize(model, shard.vocab, [len(s.vocab) for s in shards])
 
 

@@ -15,6 +15,7 @@ from llmpipe.models.gemma3 import Gemma3ForCausalLM
 from llmpipe.models.llama import LlamaForCausalLM
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
+from llmpipe.quant.linear import QuantizedLinear
 
 if TYPE_CHECKING:
     from llmpipe.loader import Checkpoint
@@ -33,10 +34,11 @@ def build_model(
     device: str | torch.device,
     plan: QuantPlan | None = None,
     activation_quantization: str | None = None,
+    float_batch_weights: bool = False,
 ) -> nn.Module:
     """Allocate the model once on the target device (no random init), then copy the weights in.
     `plan` (checkpoint name → format) swaps those linear layers for quantized ones first;
-    `activation_quantization` as EngineConfig's."""
+    `activation_quantization` and `float_batch_weights` as EngineConfig's."""
     cls = MODEL_CLASSES.get(config.architecture)
     if cls is None:
         raise UnsupportedModelError(
@@ -52,6 +54,10 @@ def build_model(
             module.reset_tables()
     model.load_weights(weights)
     quantize_activations(model, activation_quantization)
+    if float_batch_weights:
+        for module in model.modules():
+            if isinstance(module, QuantizedLinear):
+                module.keep_float_copy()
     return model.eval().requires_grad_(False)
 
 
@@ -59,10 +65,14 @@ def load_model(checkpoint: "Checkpoint", config: EngineConfig, progress: bool = 
     """The checkpoint's model in config's dtype, device and weight quantization."""
     plan = checkpoint.quant_plan(config.weight_quantization, config.group_size)
     weights = checkpoint.iter_weights(progress=progress, plan=plan)
-    return build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan, config.activation_quantization)
+    return build_model(checkpoint.config, weights, config.torch_dtype, config.device, plan,
+                       config.activation_quantization, config.float_batch_weights)
 
 
 def resident_bytes(model: nn.Module) -> int:
-    """Resident weights: parameters and persistent buffers (quantized weights, their scales), each once."""
+    """Resident weights: parameters and persistent buffers (quantized weights, their scales), and float
+    copies kept for batches, each once."""
     tensors = {t.data_ptr(): t for t in model.state_dict().values()}
+    tensors.update({m.float_weight.data_ptr(): m.float_weight for m in model.modules()
+                    if getattr(m, "float_weight", None) is not None})
     return sum(t.numel() * t.element_size() for t in tensors.values())

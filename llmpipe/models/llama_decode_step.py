@@ -25,7 +25,7 @@ from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.linear import KERNEL_MAX_BATCH, Int4Linear, Int8Linear
+from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, Int4Linear, Int8Linear
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
 # Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
@@ -76,10 +76,13 @@ class LlamaDecodeStep:
     kernel does not run (another family, q/k norms, a GELU MLP, bfloat16, sharded or act-order
     weights, no compiler); `batch_fits` and `takes` say per step whether the batch and cache do."""
 
-    def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor]):
+    def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor],
+                 float_copies: bool = False):
         self.tensors = tensors  # every tensor whose address layer_slots holds, kept alive with them
         has_float = any(slots[2 + LINEAR_SLOTS * i] == F32 for slots in layer_slots for i in range(4))
         self.max_batch = MAX_ROWS if has_float else MAX_BATCH
+        if float_copies:  # from FLOAT_BATCH_MIN_ROWS rows the layers' float copies are faster
+            self.max_batch = min(self.max_batch, FLOAT_BATCH_MIN_ROWS - 1)
         self.eps, self.window, self.scale = cfg.rms_norm_eps, cfg.sliding_window or 0, scale
         self.shape = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.layer_slots = layer_slots  # LayerDesc per layer, without its cache pointer
@@ -105,7 +108,8 @@ class LlamaDecodeStep:
         if cfg.hidden_size % 8 or cfg.head_dim % 8 or _library() is None:
             return None
         tensors = [t for layer in layers for t in list(layer.parameters()) + list(layer.buffers())]
-        return cls(cfg, layers[0].self_attn.scale, descriptors, tensors)
+        float_copies = any(getattr(m, "float_weight", None) is not None for m in layers.modules())
+        return cls(cfg, layers[0].self_attn.scale, descriptors, tensors, float_copies)
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:

@@ -25,6 +25,12 @@ CHUNK = kernels.CHUNK
 # Up to this many rows, the kernel runs on slices of kernels.MAX_ROWS (reading the weight once per
 # slice); above it, dequantizing once and running the float GEMM is faster (`llmpipe bench latency`).
 KERNEL_MAX_BATCH = 32
+# With a float copy of the weights (EngineConfig.float_batch_weights), this many rows or more go to
+# the float GEMM. Below it the fused decode step on the codes wins; above it the row kernels,
+# which spend as long unpacking codes as multiplying, fall behind (SmolLM2 Q4_1, 2 threads, decode
+# tok/s codes vs float copy: 8 rows 104 vs 101, 16 rows 104 vs 119, 32 rows 106 vs 209; a
+# 128-token prefill 445 vs 270 ms).
+FLOAT_BATCH_MIN_ROWS = 16
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -58,6 +64,11 @@ class QuantizedLinear(nn.Module):
         # True: rows are quantized to int8 blocks and meet the codes in integer dot products (fast,
         # approximate; set by quant.apply.quantize_activations); False: float activations (exact).
         self.int8_activations = False
+        self.float_weight: torch.Tensor | None = None  # kernel_weight() kept, for batches (keep_float_copy)
+
+    def keep_float_copy(self) -> None:
+        """Keep the weight dequantized too: batches of FLOAT_BATCH_MIN_ROWS rows or more use it."""
+        self.float_weight = self.kernel_weight().float().contiguous()
 
     @property
     def num_groups(self) -> int:
@@ -74,6 +85,8 @@ class QuantizedLinear(nn.Module):
         x = self.kernel_input(x)
         # int8 activations take every row count through the integer kernel, prefill too: the cache
         # that decode reads was then computed with the same numerics.
+        if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not self.int8_activations:
+            return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
         many_rows = x.shape[0] > KERNEL_MAX_BATCH and not self.int8_activations
         if many_rows or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)

@@ -121,3 +121,27 @@ def test_other_bodies_and_caches_keep_the_layered_path(tiny_checkpoint):
 def test_bfloat16_model_keeps_the_layered_path(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint("llama_gqa")), dtype="bfloat16", progress=False)
     assert LlamaDecodeStep.build(llm.engine.model.model.layers, llm.engine.model.config) is None
+
+
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_float_batch_weights_give_the_codes_results_for_big_batches(quantizable_checkpoint, quantization):
+    """float_batch_weights: batches of FLOAT_BATCH_MIN_ROWS rows or more (prefill, 20 streams) use the
+    dequantized copy in the float GEMM, fewer rows the fused step on the codes; every step's
+    distribution stays within float rounding of the plain quantized engine, tokens identical."""
+    from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, QuantizedLinear
+
+    path = str(quantizable_checkpoint)
+    plain = LLM(path, quantization=quantization, progress=False)
+    copied = LLM(path, quantization=quantization, float_batch_weights=True, progress=False)
+    layers = [m for m in copied.engine.model.modules() if isinstance(m, QuantizedLinear)]
+    assert layers and all(m.float_weight is not None for m in layers)
+    copies = sum(m.float_weight.numel() * 4 for m in layers)
+    assert copied.engine.weight_bytes == plain.engine.weight_bytes + copies
+    for prompts in ((PROMPTS * 7)[:20], PROMPTS):  # 20 rows ≥ FLOAT_BATCH_MIN_ROWS, then 3 rows < it
+        assert (len(prompts) >= FLOAT_BATCH_MIN_ROWS) == (prompts is not PROMPTS)
+        ours_tokens, ours_dists, calls = run(copied, True, prompts)
+        theirs_tokens, theirs_dists, _ = run(plain, True, prompts)
+        assert (calls == 0) == (len(prompts) >= FLOAT_BATCH_MIN_ROWS)  # the fused step only below it
+        assert ours_tokens == theirs_tokens
+        for ours, theirs in zip(ours_dists, theirs_dists):
+            torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
