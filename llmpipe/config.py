@@ -136,6 +136,10 @@ class EngineConfig:
     block_size: int = 16
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
+    # A step carrying prefill chunks beside running decodes is kept to about this many times a
+    # decode-only step (measured as it runs: engine/step_costs.py), so new prompts do not stall the
+    # streams; None gives prefill the whole token budget (`llmpipe serve` defaults to 2.0).
+    max_decode_stall: float | None = None
     enable_prefix_caching: bool = True
     # Every layer attends to (and caches) all tokens, ignoring the model's sliding windows: for
     # measuring what the windows save; outputs differ once a sequence is longer than a window.
@@ -177,6 +181,9 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_decode_stall is not None and not (isinstance(self.max_decode_stall, (int, float))
+                                                      and self.max_decode_stall > 1):
+            raise InvalidRequestError(f"max_decode_stall must be a number > 1 (or None), got {self.max_decode_stall!r}")
         if not isinstance(self.distributed_timeout_s, (int, float)) or self.distributed_timeout_s <= 0:
             raise InvalidRequestError(f"distributed_timeout_s must be a positive number, got {self.distributed_timeout_s!r}")
         self.kv_cache_memory = parse_bytes(self.kv_cache_memory)

@@ -30,6 +30,7 @@ from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.sequence import Request, Sequence
+from llmpipe.engine.step_costs import StepCosts
 from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.layers.sampler import SamplingRow, adjusted_logits, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
@@ -131,6 +132,7 @@ class EngineCore:
         self.block_manager.copy_block = self.runner.kv_cache.copy_block  # prefix hits inside compressed blocks
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
+        self.step_costs = StepCosts(config.max_decode_stall)
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0
         self.num_generation_tokens = 0
@@ -237,7 +239,8 @@ class EngineCore:
 
     def step(self) -> EngineCoreOutputs:
         """Schedule and run one batch: the progress of every request it advanced."""
-        batch = self.scheduler.schedule()
+        started = time.perf_counter()
+        batch = self.scheduler.schedule(self.step_costs.prefill_budget())
         if batch.empty:
             if self.scheduler.has_work():
                 raise LLMPipeError("scheduler made no progress: the KV cache is too small for any waiting request")
@@ -250,7 +253,10 @@ class EngineCore:
         if self.proposer is not None:
             self.proposer.prefill([item.seq for item in batch.prefills if item.completes_prefill])
         logits = self.runner.execute(batch)
-        return self._update_from_output(batch, logits, proposals)
+        outputs = self._update_from_output(batch, logits, proposals)
+        self.step_costs.observe(len(batch.decodes), sum(item.num_tokens for item in batch.prefills),
+                                time.perf_counter() - started)
+        return outputs
 
     def step_guarded(self) -> EngineCoreOutputs:
         """A step whose batch-level fault fails the requests in flight instead of raising: the

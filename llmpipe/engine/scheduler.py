@@ -61,13 +61,16 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, prefill_budget_with_decodes: int | None = None) -> SchedulerOutput:
+        """`prefill_budget_with_decodes`: at most this many prefill tokens in a step that also decodes."""
         out = SchedulerOutput([], [])
         budget = self.max_num_batched_tokens
         for seq in list(self.running):  # decodes first: one token each
             if seq.status is SequenceStatus.RUNNING and not seq.in_prefill and self._reserve_slots(seq, 1, out):
                 out.decodes.append(seq)
                 budget -= 1
+        if out.decodes and prefill_budget_with_decodes is not None:
+            budget = min(budget, prefill_budget_with_decodes)
         for seq in list(self.running):  # then prefill chunks of admitted sequences
             if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill:
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)

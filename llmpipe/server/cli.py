@@ -32,7 +32,7 @@ def add_serve_parser(sub) -> None:
         "--body-timeout", type=float, default=BODY_TIMEOUT_S, help="seconds a client has to send a request's body (else 408)"
     )
     add_engine_args(serve)
-    serve.set_defaults(func=run_serve)
+    serve.set_defaults(func=run_serve, max_decode_stall=2.0)  # streams first: new prompts join in chunks
 
 
 def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None = None) -> None:

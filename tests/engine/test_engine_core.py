@@ -75,3 +75,30 @@ def test_the_callers_engine_config_is_not_changed(tiny_checkpoint):
     assert dataclasses.asdict(config) == before
     assert config.model_config is None and config.max_model_len is None
     assert engine.config.max_model_len is not None and engine.config.model_config is not None
+
+
+def test_step_costs_cap_prefill_beside_decodes_to_the_allowed_stall():
+    from llmpipe.engine.step_costs import MIN_PREFILL_CHUNK, StepCosts
+
+    costs = StepCosts(max_stall=2.0)
+    assert costs.prefill_budget() is None  # nothing measured: no cap
+    costs.observe(num_decodes=8, num_prefill_tokens=0, seconds=0.100)  # a decode step: 100 ms
+    costs.observe(num_decodes=8, num_prefill_tokens=200, seconds=0.500)  # 200 tokens added 400 ms
+    assert costs.prefill_budget() == 50  # (2 - 1) × 100 ms / 2 ms a token
+    costs.observe(num_decodes=8, num_prefill_tokens=0, seconds=0.001)
+    assert costs.prefill_budget() >= MIN_PREFILL_CHUNK
+    assert StepCosts(max_stall=None).prefill_budget() is None
+
+
+def test_the_scheduler_caps_prefill_only_in_steps_that_decode(tiny_checkpoint):
+    llm = LLM(str(tiny_checkpoint("llama_gqa")), progress=False)
+    engine = llm.engine
+    engine.add_request("running", [1, 5, 9], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
+    engine.step()  # its prefill: it decodes from now on
+    engine.add_request("new", list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    batch = engine.scheduler.schedule(prefill_budget_with_decodes=16)
+    assert len(batch.decodes) == 1 and [item.num_tokens for item in batch.prefills] == [16]
+    alone = LLM(str(tiny_checkpoint("llama_gqa")), progress=False).engine
+    alone.add_request("new", list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
+    batch = alone.scheduler.schedule(prefill_budget_with_decodes=16)  # nothing decodes: the whole prompt
+    assert not batch.decodes and [item.num_tokens for item in batch.prefills] == [100]
