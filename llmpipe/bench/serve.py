@@ -248,9 +248,13 @@ def main(args) -> dict:
         "runs": runs,
     }
     print(report_table(runs))
+    write_outputs(args, report, runs, f"{model}: {args.input_len} in / {args.output_len} out, request rate {args.request_rate}")
+    return report
+
+
+def write_outputs(args, report: dict, runs: list[dict], title: str, peer: list[dict] | None = None) -> None:
+    """--json and --plot, where asked for."""
     if args.json:
         print(f"wrote {write_json(args.json, report)}")
     if args.plot:
-        title = f"{model}: {args.input_len} in / {args.output_len} out, request rate {args.request_rate}"
-        print(f"wrote {plot_serve(runs, args.plot, title)}")
-    return report
+        print(f"wrote {plot_serve(runs, args.plot, title, peer)}")

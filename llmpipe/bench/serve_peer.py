@@ -25,7 +25,7 @@ import httpx
 
 from llmpipe.bench import serve
 from llmpipe.bench.peers import PeerUnavailableError, binary
-from llmpipe.bench.report import format_table, write_json
+from llmpipe.bench.report import format_table
 from llmpipe.errors import LLMPipeError
 from llmpipe.loader.aliases import resolve_model
 
@@ -127,11 +127,8 @@ def main(args) -> dict:
     if report["served_over_offline_itl_p50"] is not None:
         print(f"\nserved c1 ITL p50 / offline ITL p50 (the same engine, in-process): "
               f"{ours[0]['itl']['p50_ms']:.1f} / {offline['p50_ms']:.1f} ms = {report['served_over_offline_itl_p50']:.2f}")
-    if args.json:
-        print(f"wrote {write_json(args.json, report)}")
-    if args.plot:
-        title = f"{args.model}: llmpipe vs llama-server, {args.input_len} in / {args.output_len} out"
-        print(f"wrote {serve.plot_serve(ours, args.plot, title, peer)}")
+    serve.write_outputs(args, report, ours, f"{args.model}: llmpipe vs llama-server, "
+                        f"{args.input_len} in / {args.output_len} out", peer)
     return report
 
 

@@ -86,3 +86,25 @@ def test_poisson_arrival_gaps_average_one_over_the_rate():
     gaps.clear()
     asyncio.run(drain(float("inf")))
     assert gaps == []
+
+
+def test_the_llama_server_comparison_needs_a_gguf_and_concurrencies(tiny_checkpoint, capsys):
+    """--peer llama.cpp runs the same file on both servers: a Hugging Face directory is refused in
+    one line before anything starts, as is a run without --max-concurrency."""
+    path = str(tiny_checkpoint("llama_gqa"))
+    assert main(["bench", "serve", "--peer", "llama.cpp", "--model", path, "--max-concurrency", "1"]) != 0
+    assert "is not one" in capsys.readouterr().err
+    assert main(["bench", "serve", "--peer", "llama.cpp", "--model", path]) != 0
+    assert "--max-concurrency" in capsys.readouterr().err
+
+
+def test_peer_ratios_divide_ours_by_theirs():
+    from llmpipe.bench.serve_peer import ratio_row
+
+    def run(tput, ttft99, itl50, itl99, failed=0):
+        return {"max_concurrency": 4, "output_throughput": tput, "ttft": {"p99_ms": ttft99},
+                "itl": {"p50_ms": itl50, "p99_ms": itl99}, "failed": failed}
+
+    row = ratio_row(run(90.0, 500.0, 20.0, 50.0), run(45.0, 2000.0, 10.0, 80.0))
+    assert row == {"max_concurrency": 4, "output_throughput": 2.0, "ttft_p99": 0.25, "itl_p50": 2.0,
+                   "itl_p99_over_p50": 2.5, "failed": 0}
