@@ -2,7 +2,8 @@
 streams and disconnects, and its faults — the core killed (errors, 503, the server exits 1), the API
 server killed (the core exits), a load failure (one readable line).
 
-Waits poll a condition under a generous deadline that only guards against a hang."""
+Waits poll a condition back to back (each poll is an HTTP round trip) under a generous deadline
+that only guards against a hang."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ def wait_until(condition, what: str) -> None:
     deadline = time.monotonic() + HANG_GUARD_S
     while not condition():
         assert time.monotonic() < deadline, f"{what} never happened"
-        time.sleep(0.05)
 
 
 def free_port() -> int:
@@ -42,13 +42,10 @@ def free_port() -> int:
 
 
 def core_of(server_pid: int) -> psutil.Process:
-    """The engine core: the server's multiprocessing child that is not its resource tracker."""
-    def find():
-        children = psutil.Process(server_pid).children()
-        return next((c for c in children if "spawn_main" in " ".join(c.cmdline())), None)
-
-    wait_until(lambda: find() is not None, "the engine core process")
-    return find()
+    """The engine core: the server's multiprocessing child that is not its resource tracker (it is
+    running once the server answers: the server waits for the loaded core before it listens)."""
+    children = psutil.Process(server_pid).children()
+    return next(c for c in children if "spawn_main" in " ".join(c.cmdline()))
 
 
 def completion(url: str, prompt: list[int], max_tokens: int, stream: bool = False):
@@ -155,15 +152,19 @@ def serve(tiny_path: str, *extra: str) -> tuple[subprocess.Popen, str]:
     command = [sys.executable, "-m", "llmpipe.cli", "serve", "--model", tiny_path, "--port", str(port), *extra]
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
+    for line in server.stderr:  # blocks until the core is loaded and uvicorn is about to listen
+        if line.startswith("llmpipe: serving"):
+            break
+    else:
+        raise AssertionError(f"the server exited with {server.wait()} before serving")
 
     def up() -> bool:
-        assert server.poll() is None, server.stderr.read()
         try:
             return httpx.get(f"{url}/health").status_code == 200
         except httpx.TransportError:
             return False
 
-    wait_until(up, "the server coming up")
+    wait_until(up, "the server answering")
     return server, url
 
 
