@@ -197,6 +197,8 @@ class ProcessCoreClient:
             raise LLMPipeError("the engine core is not taking requests") from err
 
     async def stop(self, timeout: float) -> None:
+        if self._reader is not None:  # on the loop, before its socket closes under it
+            self._reader.cancel()
         await asyncio.to_thread(self.close, timeout)
 
     def close(self, timeout: float = 10.0) -> None:
