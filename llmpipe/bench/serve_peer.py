@@ -153,15 +153,17 @@ def _model_id(port: int) -> str:
 
 
 def _run_peer(args, gguf: Path, logs: Path) -> tuple[list[dict], str]:
-    for extra in ([], ["--no-repack"]):
-        port = free_port()
-        try:
-            with running(llama_server_command(args, gguf, port, extra), port, Path(f"{logs}.llama-server.log")):
-                return load_runs(args, port, _model_id(port)), " ".join(llama_server_command(args, gguf, 0, extra)[3:])
-        except PeerUnavailableError:
-            if extra:
-                raise
-    raise AssertionError("unreachable")
+    """llama-server's runs and its flags: as configured, or with `--no-repack` if that crashes."""
+    try:
+        return _peer_runs(args, gguf, logs, [])
+    except PeerUnavailableError:
+        return _peer_runs(args, gguf, logs, ["--no-repack"])
+
+
+def _peer_runs(args, gguf: Path, logs: Path, extra: list[str]) -> tuple[list[dict], str]:
+    port = free_port()
+    with running(llama_server_command(args, gguf, port, extra), port, Path(f"{logs}.llama-server.log")):
+        return load_runs(args, port, _model_id(port)), " ".join(llama_server_command(args, gguf, 0, extra)[3:])
 
 
 def ratio_row(ours: dict, peer: dict) -> dict:

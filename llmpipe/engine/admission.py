@@ -19,6 +19,21 @@ class Admission:
     def prompt(self, prompt: PromptInput, params: SamplingParams) -> tuple[str | None, list[int]]:
         """(text, token ids) of an admissible request; InvalidRequestError naming the field if not."""
         text, token_ids, from_ids = self._tokenize(prompt)
+        self._check_length(token_ids)
+        if from_ids:
+            self._check_ids(token_ids)
+        if params.stop_list and self.tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
+        params.check_token_ids(self.vocab_size)
+        return text, token_ids
+
+    def check(self, token_ids: list[int], params: SamplingParams) -> None:
+        """What the engine core itself takes (no text): the length and every token id."""
+        self._check_length(token_ids)
+        self._check_ids(token_ids)
+        params.check_token_ids(self.vocab_size)
+
+    def _check_length(self, token_ids: list[int]) -> None:
         limit = self.max_model_len
         if not token_ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
@@ -29,12 +44,6 @@ class Admission:
                 param="prompt",
                 code="context_length_exceeded",
             )
-        if from_ids:
-            self._check_ids(token_ids)
-        if params.stop_list and self.tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
-        params.check_token_ids(self.vocab_size)
-        return text, token_ids
 
     def _tokenize(self, prompt: PromptInput) -> tuple[str | None, list[int], bool]:
         """(text, token ids, whether the ids came from the caller and still need checking)."""

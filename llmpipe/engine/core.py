@@ -23,6 +23,7 @@ from typing import Iterator
 import torch
 
 from llmpipe.config import EngineConfig
+from llmpipe.engine.admission import Admission
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
 from llmpipe.engine.compressed_kv_cache import check_supported
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
@@ -133,6 +134,7 @@ class EngineCore:
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
         self.step_costs = StepCosts(config.max_decode_stall)
+        self.admission = Admission(None, config.max_model_len, config.model_config.vocab_size)
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0
         self.num_generation_tokens = 0
@@ -199,14 +201,12 @@ class EngineCore:
     # ---- requests -------------------------------------------------------------------------
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        """Admit a request the front end checked (`admission.Admission`); the checks here only
-        guard the core against a front end that did not."""
+        """Admit a request the front end checked (`Admission.prompt`); the same rules are checked
+        again here, so a front end that skipped them cannot get a bad id into a batch."""
         if request.request_id in self.requests:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
         token_ids, params = request.prompt_token_ids, request.params
-        if not token_ids or len(token_ids) >= self.config.max_model_len:
-            raise InvalidRequestError(f"the prompt's {len(token_ids)} tokens do not fit max_model_len", param="prompt")
-        params.check_token_ids(self.config.model_config.vocab_size)
+        self.admission.check(token_ids, params)
         sequences = [self._new_sequence(request.request_id, i, token_ids, params) for i in range(params.n)]
         self.requests[request.request_id] = Request(request.request_id, token_ids, params, sequences)
         self.scheduler.add(sequences[0])
@@ -287,7 +287,7 @@ class EngineCore:
         if not self.config.kv_cache:
             self.scheduler.forget_computed(seqs)
         timestamp = time.perf_counter()
-        advanced = dict.fromkeys([seq for seq in seqs] + [item.seq for item in batch.prefills])
+        advanced = dict.fromkeys(seqs + [item.seq for item in batch.prefills])
         return EngineCoreOutputs(self._collect_outputs(advanced), timestamp)
 
     def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
