@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from llmpipe.errors import InvalidRequestError
 
@@ -13,6 +14,25 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range for each logit_bias value
 def _check(ok: bool, name: str, rule: str, value: object) -> None:
     if not ok:
         raise InvalidRequestError(f"{name} must be {rule}, got {value!r}", param=name)
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output's text (vLLM's `structured_outputs`): exactly one field is set."""
+
+    json: dict[str, Any] | str | None = None  # a JSON schema (a dict, or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # an EBNF / GBNF / Lark grammar
+    json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
+
+    def __post_init__(self) -> None:
+        kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        kinds += ["json_object"] if self.json_object else []
+        _check(len(kinds) == 1, "structured_outputs", "exactly one of json, regex, choice, grammar, json_object",
+               kinds or None)
+        _check(self.choice is None or (bool(self.choice) and all(isinstance(c, str) for c in self.choice)),
+               "structured_outputs.choice", "a non-empty list of strings", self.choice)
 
 
 @dataclass
@@ -35,6 +55,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id → added to its logit before sampling
+    structured_outputs: StructuredOutputsParams | None = None
     stop_list: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
