@@ -37,6 +37,7 @@ from llmpipe.server.input_processor import InputProcessor
 from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import Format, StreamState, stream_chunks
+from llmpipe.server.responses import ResponseShape, ResponsesRequest
 from llmpipe.server.protocol import (
     REQUESTS,
     ChatCompletionRequest,
@@ -72,19 +73,25 @@ class Server:
         """Run `work` on the worker pool, leaving the event loop free."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
 
-    async def respond(self, request: Request, body: SamplingFields, prompt: dict, params: SamplingParams, fmt: Format):
+    async def respond(
+        self, request: Request, body: SamplingFields, prompt: dict, params: SamplingParams, fmt: Format,
+        shape: ResponseShape | None = None,
+    ):
+        """The reply to one request: chat / completion JSON or SSE chunks, or (with `shape`) the
+        Responses API's object or events."""
         if body.user or body.safety_identifier:
             logger.debug("request for user %r", body.user or body.safety_identifier)
         stream = await self.engine.add(prompt, params)
         if body.stream:
-            return _EngineStreamResponse(_sse(stream, fmt, params.n, body.include_usage), stream)
+            chunks = _chunks(stream, fmt, params.n, body.include_usage)
+            return _EngineStreamResponse(shape.events(chunks) if shape else _sse(chunks), stream)
         try:
             final = await _unless_disconnected(request, _last(stream))
         finally:
             stream.abort()
         if final is None:
             return Response(status_code=499)
-        return await self.offload(lambda: JSONResponse(fmt.body(final)))
+        return await self.offload(lambda: JSONResponse(shape.body(fmt.body(final)) if shape else fmt.body(final)))
 
 
 def json_body(model: type[BaseModel]) -> dict:
@@ -96,7 +103,7 @@ def json_body(model: type[BaseModel]) -> dict:
 def request_schemas() -> dict:
     """JSON schemas of every request body and what they nest, for OpenAPI's components."""
     schemas = {}
-    for model in REQUESTS.values():
+    for model in (*REQUESTS.values(), ResponsesRequest):
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -125,7 +132,8 @@ def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def _sse(stream: RequestStream, fmt: Format, n: int, include_usage: bool) -> AsyncIterator[str]:
+async def _chunks(stream: RequestStream, fmt: Format, n: int, include_usage: bool) -> AsyncIterator[dict]:
+    """The stream's chunks as they come, then the usage chunk; an error body if the request fails."""
     sent = [StreamState() for _ in range(n)]
     try:
         async for output in stream:
@@ -136,11 +144,16 @@ async def _sse(stream: RequestStream, fmt: Format, n: int, include_usage: bool) 
             if output.finished and not include_usage and chunks:
                 chunks[-1]["llmpipe_timing"] = output.metrics.timing_breakdown()
             for chunk in chunks:
-                yield _event(chunk)
+                yield chunk
             if output.finished and include_usage:
-                yield _event(fmt.usage_chunk(output))
+                yield fmt.usage_chunk(output)
     except LLMPipeError as err:  # the engine failed it, or the server is shutting down
-        yield _event(llmpipe_error_body(err))
+        yield llmpipe_error_body(err)
+
+
+async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    async for chunk in chunks:
+        yield _event(chunk)
     yield "data: [DONE]\n\n"
 
 
@@ -178,6 +191,12 @@ async def completions(request: Request):
 async def chat_completions(request: Request):
     server = _server(request)
     return await server.respond(request, *await server.offload(server.inputs.chat_completion, await request.body()))
+
+
+@router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
+async def responses(request: Request):
+    server = _server(request)
+    return await server.respond(request, *await server.offload(server.inputs.response, await request.body()))
 
 
 @router.get("/v1/models")

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from llmpipe.errors import InvalidRequestError
 from llmpipe.server.errors import ModelNotFoundError
 from llmpipe.server.openai_format import ChatFormat, CompletionFormat
+from llmpipe.server.responses import ResponseShape, ResponsesRequest, chat_error
 from llmpipe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from llmpipe.tokenizer import Tokenizer
 
@@ -112,7 +113,9 @@ class InputProcessor:
         return body, prompt, params, fmt
 
     def chat_completion(self, raw: bytes) -> tuple:
-        body = parse_body(ChatCompletionRequest, raw)
+        return self.chat(parse_body(ChatCompletionRequest, raw))
+
+    def chat(self, body: ChatCompletionRequest) -> tuple:
         self.check_model(body.model)
         prompt = self.chat_prompt(body, body.add_special_tokens)
         prompt["prompt_token_ids"] = self.truncate(prompt["prompt_token_ids"], body.truncate_prompt_tokens)
@@ -122,6 +125,15 @@ class InputProcessor:
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
                          token_bytes=self._tokenizer.token_bytes if self._tokenizer else None)
         return body, prompt, params, fmt
+
+    def response(self, raw: bytes) -> tuple:
+        """A Responses API body, run as the chat completion it amounts to (see server/responses.py)."""
+        body = parse_body(ResponsesRequest, raw)
+        try:
+            chat = self.chat(validate_body(ChatCompletionRequest, body.chat_body()))
+        except InvalidRequestError as err:
+            raise chat_error(err) from None
+        return (*chat, ResponseShape(body, self.model_name))
 
     def tokenize(self, raw: bytes) -> Response:
         body = parse_body(TokenizeRequest, raw)
@@ -155,6 +167,11 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidRequestError(f"malformed JSON body: {err}", code="invalid_json") from None
+    return validate_body(model, data)
+
+
+def validate_body(model: type[Body], data: object) -> Body:
+    """A parsed JSON body as `model` (see parse_body)."""
     if not isinstance(data, dict):
         raise InvalidRequestError("the body must be a JSON object", code="invalid_type")
     _check_list_caps(model, data)
