@@ -62,10 +62,14 @@ class LLM:
         messages: Messages | list[Messages],
         sampling_params: SamplingParams | None = None,
         add_generation_prompt: bool = True,
+        *,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the model's chat template to each conversation and generate the assistant's reply."""
+        """Apply the model's chat template to each conversation and generate the assistant's reply.
+        `tools`: OpenAI's function tools ({"type": "function", "function": {...}}) for the template."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        return self.generate([self.chat_prompt(c, add_generation_prompt) for c in conversations], sampling_params)
+        prompts = [self.chat_prompt(c, add_generation_prompt, tools=tools) for c in conversations]
+        return self.generate(prompts, sampling_params)
 
     def chat_prompt(
         self,
@@ -74,10 +78,14 @@ class LLM:
         *,
         add_special_tokens: bool = False,
         template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> dict:
         """The conversation as a prompt; `template_kwargs` are extra variables for the chat template."""
         tokenizer = self._require_tokenizer()
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
+        kwargs = dict(template_kwargs or {})
+        if tools is not None:
+            kwargs["tools"] = tools
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs)
         # The template writes BOS itself where the model wants one; don't add another by default.
         return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 

@@ -93,3 +93,5 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first sample), as vLLM reports
+    # With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), once all are in.
+    prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None

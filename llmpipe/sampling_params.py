@@ -25,6 +25,7 @@ class StructuredOutputsParams:
     choice: list[str] | None = None  # the output is exactly one of these strings
     grammar: str | None = None  # an EBNF / GBNF / Lark grammar
     json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
+    disable_any_whitespace: bool = False  # JSON: compact, no whitespace between tokens (vLLM's field)
 
     def __post_init__(self) -> None:
         kinds = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
@@ -52,6 +53,7 @@ class SamplingParams:
     max_tokens: int | None = 16
     min_tokens: int = 0
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # top-N per prompt position (the prompt's own token always included)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None  # token id → added to its logit before sampling
@@ -83,6 +85,8 @@ class SamplingParams:
             self.min_tokens,
         )
         _check(self.logprobs is None or self.logprobs >= 0, "logprobs", ">= 0", self.logprobs)
+        _check(self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs", ">= 0",
+               self.prompt_logprobs)
         _check(all(isinstance(s, str) and s for s in self.stop_list), "stop", "non-empty strings", self.stop)
         _check(all(isinstance(t, int) for t in self.stop_token_ids), "stop_token_ids", "integers", self.stop_token_ids)
         bias = self.logit_bias or {}

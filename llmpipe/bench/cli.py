@@ -69,6 +69,16 @@ def add_bench_parser(sub) -> None:
     tput.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL, throughput vs batch and the roofline")
     tput.set_defaults(func=_run_throughput)
 
+    structured = kinds.add_parser("structured", help="throughput with a JSON schema on every request vs none")
+    structured.add_argument("--model", default="smollm2-135m-instruct")
+    structured.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    structured.add_argument("--batch-size", type=int, default=16, help="requests run together")
+    structured.add_argument("--input-len", type=int, default=64)
+    structured.add_argument("--output-len", type=int, default=128)
+    structured.add_argument("--repeats", type=int, default=5, help="runs of each kind, alternating")
+    structured.add_argument("--output", default="bench_results/structured.json")
+    structured.set_defaults(func=_run_structured)
+
     serve = kinds.add_parser("serve", help="load-test an OpenAI-compatible server (Poisson arrivals, streamed)")
     serve.add_argument("--base-url", default="http://127.0.0.1:8000")
     serve.add_argument("--model", default=None, help="model id to request (default: the server's first)")
@@ -150,6 +160,12 @@ def _run_throughput(args) -> None:
     from llmpipe.bench import throughput
 
     throughput.main(args)
+
+
+def _run_structured(args) -> None:
+    from llmpipe.bench import structured
+
+    structured.main(args)
 
 
 def _run_serve(args) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from llmpipe.errors import InvalidRequestError
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.structured_output import check_structured_outputs
 from llmpipe.tokenizer import Tokenizer
 
 PromptInput = str | list[int] | dict
@@ -24,6 +25,9 @@ class Admission:
             self._check_ids(token_ids)
         if params.stop_list and self.tokenizer is None:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise InvalidRequestError("structured outputs need a tokenizer; this model has none", param="structured_outputs")
+        check_structured_outputs(params.structured_outputs)
         params.check_token_ids(self.vocab_size)
         return text, token_ids
 

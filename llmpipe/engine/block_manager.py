@@ -128,7 +128,7 @@ class BlockManager:
         """The longest cached prefix of seq's tokens that every group can serve (the last token is
         always computed: its logits are needed). Only looks; allocate() takes the blocks."""
         if not self.enable_prefix_caching:
-            return PrefixHit(0, [BlockTable() for _ in self.specs])
+            return self.no_hit()
         hashes = self._hashes(seq, (len(seq.all_token_ids) - 1) // self.block_size)
         k = self._round_hit(len(hashes))
         # A block some group needs for a k-block prefix and lacks is needed by every longer prefix
@@ -142,6 +142,10 @@ class BlockManager:
             tables.append(BlockTable(first, ids))
             partials.append(self._lookup_partial(group, k - 1, hashes, seq) if k % spec.span else None)
         return PrefixHit(k * self.block_size, tables, partials)
+
+    def no_hit(self) -> PrefixHit:
+        """Nothing served from the cache: every token is computed."""
+        return PrefixHit(0, [BlockTable() for _ in self.specs])
 
     def _round_hit(self, k: int) -> int:
         """Without copy_block, a prefix of k token blocks cut to whole blocks of every compressed group

@@ -20,11 +20,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
-from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
+from llmpipe.engine.block_manager import BlockManager, BlockTable
 from llmpipe.engine.compressed_kv_cache import check_supported
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.kv_cache import plan_kv_pool
@@ -33,15 +34,19 @@ from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.sequence import Request, Sequence
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.errors import InvalidRequestError, LLMPipeError
-from llmpipe.layers.sampler import SamplingRow, adjusted_logits, sample, topn_logprobs
+from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import load_model, resident_bytes
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.spec import Proposal, Proposer, verify
 from llmpipe.spec.draft import DraftProposer
 from llmpipe.spec.ngram import NgramProposer
+from llmpipe.structured_output import StructuredOutputManager
+from llmpipe.structured_output.manager import GrammarError
 
 logger = logging.getLogger(__name__)
+GRAMMAR_WAIT_S = 0.05  # a step with only requests whose grammars compile waits this long at most
+PROMPT_LOGPROB_SLICE = 256  # prompt rows turned into logprobs at a time
 
 
 @dataclass
@@ -125,7 +130,10 @@ class EngineCore:
         self.block_manager = BlockManager(
             num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache, specs
         )
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.structured = StructuredOutputManager(checkpoint.tokenizer, checkpoint.config.vocab_size,
+                                                  self.eos_token_ids)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   self.structured.is_ready)
         if config.tensor_parallel_size > 1:
             self.runner.start(num_blocks, self.kv_layout)
         else:
@@ -142,6 +150,7 @@ class EngineCore:
     def close(self) -> None:
         """Stop the tensor-parallel workers, if any (also done when the engine is collected or the
         interpreter exits); the core cannot step afterwards."""
+        self.structured.close()
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
@@ -208,6 +217,7 @@ class EngineCore:
         token_ids, params = request.prompt_token_ids, request.params
         self.admission.check(token_ids, params)
         sequences = [self._new_sequence(request.request_id, i, token_ids, params) for i in range(params.n)]
+        self.structured.add_request(request.request_id, params)  # compiles off the step
         self.requests[request.request_id] = Request(request.request_id, token_ids, params, sequences)
         self.scheduler.add(sequences[0])
 
@@ -223,6 +233,7 @@ class EngineCore:
                 self._release(seq)
         if request.finished:
             del self.requests[request_id]
+            self.structured.forget_request(request_id)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -242,6 +253,9 @@ class EngineCore:
         started = time.perf_counter()
         batch = self.scheduler.schedule(self.step_costs.prefill_budget())
         if batch.empty:
+            if any(not self.structured.is_ready(seq) for seq in self.scheduler.waiting):
+                self.structured.wait_for_compiles(GRAMMAR_WAIT_S)  # nothing else can run meanwhile
+                return EngineCoreOutputs([], time.perf_counter())
             if self.scheduler.has_work():
                 raise LLMPipeError("scheduler made no progress: the KV cache is too small for any waiting request")
             return EngineCoreOutputs([], time.perf_counter())
@@ -278,10 +292,13 @@ class EngineCore:
         self, batch: SchedulerOutput, logits: torch.Tensor, proposals: dict[Sequence, Proposal]
     ) -> EngineCoreOutputs:
         sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
+        prompt_positions = [(item.seq, item.seq.prompt_logprob_positions(
+            item.seq.num_computed_tokens, item.seq.num_computed_tokens + item.num_tokens)) for item in batch.prefills]
         self.scheduler.update_from_output(batch)
         self.num_prefill_tokens += sum(item.num_tokens for item in batch.prefills)
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
+        self._record_prompt_logprobs(logits[starts[-1] :], prompt_positions)
         rows, seqs = self._with_forked_siblings(sampled)
         self._sample_and_append(seqs, logits, [(starts[r], widths[r]) for r in rows], proposals)
         if not self.config.kv_cache:
@@ -289,6 +306,24 @@ class EngineCore:
         timestamp = time.perf_counter()
         advanced = dict.fromkeys(seqs + [item.seq for item in batch.prefills])
         return EngineCoreOutputs(self._collect_outputs(advanced), timestamp)
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, positions: list[tuple[Sequence, range]]) -> None:
+        """logits: the prompt-logprob rows the runner appended, positions[i]'s after positions[i - 1]'s."""
+        first = 0
+        for seq, span in positions:
+            rows, first = logits[first : first + len(span)], first + len(span)
+            if not span:
+                continue
+            try:
+                targets = seq.prompt_token_ids[span.start + 1 : span.stop + 1]
+                for at in range(0, len(span), PROMPT_LOGPROB_SLICE):  # bounds the float32 copies' memory
+                    part = rows[at : at + PROMPT_LOGPROB_SLICE].float().log_softmax(dim=-1)
+                    seq.add_prompt_logprobs(
+                        ranked_logprobs(part, targets[at : at + PROMPT_LOGPROB_SLICE], seq.params.prompt_logprobs))
+            except Exception:  # one sequence's fault must not sink the batch
+                logger.exception("request %s failed computing its prompt logprobs; the others go on", seq.request_id)
+                seq.fail("the engine failed computing this request's prompt logprobs")
+                self._release(seq)
 
     def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
         """Draft tokens for this step's decodes, each capped so it cannot run past max_tokens or the
@@ -341,6 +376,7 @@ class EngineCore:
             request = self.requests.get(output.request_id)
             if request is not None and request.finished:
                 del self.requests[output.request_id]
+                self.structured.forget_request(output.request_id)
         return outputs
 
     def _sample_and_append(
@@ -351,14 +387,20 @@ class EngineCore:
         if not seqs:
             return
         emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
-        plain = [i for i, seq in enumerate(seqs) if seq not in proposals]
+        for seq in seqs:
+            error = self.structured.prepare(seq)
+            if error is not None:
+                seq.fail(error)
+        plain = [i for i, seq in enumerate(seqs) if seq not in proposals and not seq.finished]
         for i, sampled in self._sample_each_or_alone(logits, [spans[i][0] for i in plain], [seqs[i] for i in plain]):
             emitted[plain[i]] = sampled
         for i, seq in enumerate(seqs):
-            if seq in proposals:
+            if seq in proposals and not seq.finished:
                 start, width = spans[i]
                 try:
                     emitted[i] = self._verify(seq, logits[start : start + width], proposals[seq])
+                except DeadEndError as err:
+                    seq.fail(str(err))
                 except Exception:
                     logger.exception("request %s failed verifying its drafts; the others go on", seq.request_id)
                     seq.fail("the engine failed verifying this request's speculative tokens")
@@ -374,16 +416,22 @@ class EngineCore:
         the batch raises, each row is sampled alone so that only the sequences at fault fail."""
         if not seqs:
             return []
+        bitmasks = self.structured.fill_bitmasks(seqs)  # the whole batch's at once
+        sampling_rows = [self._sampling_row(seq, bitmask=bitmask) for seq, bitmask in zip(seqs, bitmasks)]
         try:
-            result = sample(logits[rows], [self._sampling_row(seq) for seq in seqs])
+            result = sample(logits[rows], sampling_rows)
             return [(i, ([token], [lp])) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))]
+        except DeadEndError:
+            pass  # the rows at fault fail below, alone
         except Exception:
             logger.exception("sampling a batch of %d failed; sampling each sequence alone", len(seqs))
         sampled = []
         for i, (row, seq) in enumerate(zip(rows, seqs)):
             try:
-                result = sample(logits[[row]], [self._sampling_row(seq)])
+                result = sample(logits[[row]], [sampling_rows[i]])
                 sampled.append((i, (result.token_ids, result.logprobs)))
+            except DeadEndError as err:
+                seq.fail(str(err))
             except Exception:
                 logger.exception("request %s failed sampling; the others go on", seq.request_id)
                 seq.fail("the engine failed sampling this request's next token")
@@ -392,7 +440,8 @@ class EngineCore:
     def _verify(self, seq: Sequence, logits: torch.Tensor, proposal: Proposal) -> tuple[list[int], list]:
         """Rejection-sample the drafts against the target's rows; the accepted ones plus one more token."""
         drafts = proposal.token_ids
-        rows = [self._sampling_row(seq, drafts[:i]) for i in range(len(drafts) + 1)]
+        bitmasks = self.structured.fill_bitmasks_through_drafts(seq, drafts)
+        rows = [self._sampling_row(seq, drafts[:i], bitmasks[i]) for i in range(len(drafts) + 1)]
         tokens = verify(adjusted_logits(logits, rows), rows, proposal)
         stats = self.spec_stats
         stats.num_drafts += 1
@@ -418,26 +467,35 @@ class EngineCore:
     def _release(self, seq: Sequence) -> None:
         """Free a finished or aborted sequence's blocks (and its draft's) at once."""
         self.scheduler.finish(seq)
+        self.structured.release(seq)
         if self.proposer is not None:
             self.proposer.release(seq)
 
-    def _sampling_row(self, seq: Sequence, drafts: list[int] = ()) -> SamplingRow:
-        """The sampling rules for seq's next token, after `drafts` if it is a speculative position."""
+    def _sampling_row(self, seq: Sequence, drafts: list[int] = (), bitmask: np.ndarray | None = None) -> SamplingRow:
+        """The sampling rules for seq's next token, after `drafts` if it is a speculative position;
+        `bitmask`: the tokens its grammar allows there."""
         output = seq.output_token_ids + list(drafts) if drafts else seq.output_token_ids
         banned: list[int] = []
         if len(output) < seq.params.min_tokens:
             banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(self.eos_token_ids))
-        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, banned)
+        return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, banned, bitmask)
 
     def _append_token(self, seq: Sequence, token: int) -> None:
         """Record the token and apply the token-level stop rules (stop strings: the front end's)."""
         seq.append_token(token)
+        try:
+            self.structured.advance(seq, token)
+        except GrammarError as err:
+            seq.fail(str(err))
+            return
         params = seq.params
         may_stop = len(seq.output_token_ids) >= params.min_tokens
         if may_stop and token in params.stop_token_ids:
             seq.finish("stop", token)
         elif may_stop and not params.ignore_eos and token in self.eos_token_ids:
             seq.finish("stop")
+        elif may_stop and token in self.eos_token_ids and self.structured.is_complete(seq):
+            seq.finish("stop")  # ignore_eos, but the grammar has ended: it allowed nothing but EOS
         elif params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
             seq.finish("length")
         elif seq.num_tokens >= self.config.max_model_len:
@@ -454,7 +512,7 @@ class EngineCore:
     def scratch_blocks(self, token_ids: list[int]) -> Iterator[list[BlockTable]]:
         """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""
         scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None)
-        no_hit = PrefixHit(0, [BlockTable() for _ in self.block_manager.specs])  # computed from scratch
+        no_hit = self.block_manager.no_hit()  # computed from scratch
         if not self.block_manager.can_allocate(scratch, no_hit, len(token_ids)):
             raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
         self.block_manager.allocate(scratch, no_hit, len(token_ids))

@@ -32,6 +32,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     first_scheduled_time: float | None = None  # set on the request's first output after scheduling
+    # Sample 0 of a request asking prompt_logprobs: those of the prompt positions computed since the
+    # last output, in order from position 1 (position 0 has none).
+    new_prompt_logprobs: list[RawLogprob] | None = None
 
     @property
     def finished(self) -> bool:

@@ -40,7 +40,7 @@ class Runner(Protocol):
 
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:
         """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
-        chunk that ends its prefill."""
+        chunk that ends its prefill, then the chunks' prompt-logprob rows (see ModelRunner.execute)."""
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
 
@@ -60,7 +60,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:
         """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
-        chunk that ends its prefill."""
+        chunk that ends its prefill, then the rows of the prefill chunks' prompt-logprob positions
+        (`Sequence.prompt_logprob_positions`), in chunk order."""
         ids, positions, metas, logit_rows = self.prepare_inputs(batch)
         hidden = self.model(ids, positions, self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[logit_rows])
@@ -93,15 +94,18 @@ class ModelRunner:
             decode_tables += [seq.block_tables] * len(fed)
             lens.extend(range(seq.num_tokens, seq.num_tokens + len(fed)))
         logit_rows = list(range(len(ids)))
+        prompt_rows: list[int] = []
         chunks: list[ChunkRows] = []
         for item in batch.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
             chunks.append((seq.block_tables, start, end, len(ids)))
+            prompt_rows += [len(ids) + q - start for q in seq.prompt_logprob_positions(start, end)]
             ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
             if item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
+        logit_rows += prompt_rows
         metas = self._layer_metadata(decode_tables, lens, chunks)
         ids_t = torch.tensor(ids, device=self.device)
         return ids_t, torch.tensor(positions, device=self.device), metas, torch.tensor(logit_rows, dtype=torch.long, device=self.device)

@@ -64,10 +64,17 @@ class RequestState:
     samples: list[SampleState]
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # grows as the prompt is computed
 
     @property
     def finished(self) -> bool:
         return all(sample.finished for sample in self.samples)
+
+    @property
+    def complete_prompt_logprobs(self) -> list[dict[int, Logprob] | None] | None:
+        """The prompt logprobs once every prompt token has its entry (vLLM hands them over whole)."""
+        done = self.prompt_logprobs is not None and len(self.prompt_logprobs) == len(self.prompt_token_ids)
+        return list(self.prompt_logprobs) if done else None
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
@@ -78,6 +85,7 @@ class RequestState:
             finished=self.finished,
             metrics=self.metrics,
             num_cached_tokens=self.num_cached_tokens,
+            prompt_logprobs=self.complete_prompt_logprobs,
         )
 
 
@@ -90,6 +98,8 @@ class OutputProcessor:
         samples = [SampleState(i, self._detokenizer(params), logprobs=[] if params.logprobs is not None else None)
                    for i in range(params.n)]
         state = RequestState(request_id, prompt, token_ids, params, samples, RequestMetrics(time.perf_counter()))
+        if params.prompt_logprobs is not None:
+            state.prompt_logprobs = [None]  # the first prompt token has nothing before it
         self.requests[request_id] = state
         return state
 
@@ -122,6 +132,10 @@ class OutputProcessor:
             state.metrics.first_scheduled_time = out.first_scheduled_time
         if out.index == 0:
             state.num_cached_tokens = out.num_cached_tokens
+        if out.new_prompt_logprobs and state.prompt_logprobs is not None:
+            for info in out.new_prompt_logprobs:
+                token = state.prompt_token_ids[len(state.prompt_logprobs)]
+                state.prompt_logprobs.append(self._logprob_entry(token, info))
 
     def _append(self, state: RequestState, sample: SampleState, out: EngineCoreOutput) -> int:
         """Add out's tokens to sample until one ends it; the number added."""
@@ -131,13 +145,16 @@ class OutputProcessor:
                 if out.new_logprobs is not None and k < len(out.new_logprobs):
                     self._record_logprob(sample, token, out.new_logprobs[k])
                 sample.token_ids.append(token)
-                if sample.detokenizer is not None:
+                # EOS or a stop token ends the sample before stop strings are looked at; its text is
+                # the output's only with include_stop_str_in_output (vLLM's rule)
+                stop_token = k == len(new) - 1 and out.finish_reason == "stop"
+                if sample.detokenizer is not None and (not stop_token or state.params.include_stop_str_in_output):
                     sample.text += sample.detokenizer.add(token)
             except Exception:  # one sample's fault (its detokenizer, stop strings) must not sink the others
                 logger.exception("request %s failed; the others go on", state.request_id)
                 sample.finish("error", error="the engine failed turning this request's tokens into text")
                 return k + 1
-            if k == len(new) - 1 and out.finish_reason == "stop":  # EOS or a stop token: before stop strings
+            if stop_token:
                 break
             stop = sample.detokenizer.stop_reason if sample.detokenizer is not None else None
             if stop is not None and len(sample.token_ids) >= state.params.min_tokens:
@@ -148,11 +165,15 @@ class OutputProcessor:
         return len(new)
 
     def _record_logprob(self, sample: SampleState, token: int, info: RawLogprob) -> None:
+        sample.logprobs.append(self._logprob_entry(token, info))
+        sample.cumulative_logprob += info[0]
+
+    def _logprob_entry(self, token: int, info: RawLogprob) -> dict[int, Logprob]:
+        """vLLM's logprobs dict: the top-n tokens and the chosen one, each with its rank and text."""
         logprob, rank, top = info
         entry = {tid: Logprob(lp, r + 1, self._token_text(tid)) for r, (tid, lp) in enumerate(top)}
         entry[token] = Logprob(logprob, rank, self._token_text(token))
-        sample.logprobs.append(entry)
-        sample.cumulative_logprob += logprob
+        return entry
 
     def _token_text(self, token: int) -> str | None:
         return self.tokenizer.decode([token], skip_special_tokens=False) if self.tokenizer else None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from llmpipe.engine.block_manager import BlockManager
 from llmpipe.engine.sequence import Sequence, SequenceStatus
@@ -47,8 +48,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 is_ready: Callable[[Sequence], bool] = lambda seq: True):
+        """`is_ready`: whether a waiting sequence may start (False: its grammar still compiles)."""
         self.blocks = block_manager
+        self.is_ready = is_ready
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -77,9 +81,14 @@ class Scheduler:
                 if self._reserve_slots(seq, n, out):
                     out.prefills.append(ScheduledChunk(seq, n))
                     budget -= n
+        held: list[Sequence] = []  # not ready yet: they keep their place in the queue
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            hit = self.blocks.prefix_hit(seq)
+            if not self.is_ready(seq):
+                held.append(self.waiting.popleft())
+                continue
+            # vLLM's rule: a prompt whose logprobs are still wanted is computed, never served from the cache.
+            hit = self.blocks.no_hit() if seq.needs_prompt_logprobs else self.blocks.prefix_hit(seq)
             n = min(seq.num_tokens - hit.num_tokens, budget)
             if not self.blocks.can_allocate(seq, hit, n):
                 break
@@ -89,6 +98,7 @@ class Scheduler:
             self.running.append(seq)
             out.prefills.append(ScheduledChunk(seq, n))
             budget -= n
+        self.waiting.extendleft(reversed(held))
         return out
 
     def add_drafts(self, out: SchedulerOutput, drafts: dict[Sequence, list[int]]) -> dict[Sequence, list[int]]:

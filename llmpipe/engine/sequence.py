@@ -39,6 +39,8 @@ class Sequence:
     error: str | None = None  # why it finished with "error"
     num_sent: int = 0  # output tokens already handed to the front end
     new_logprobs: list[RawLogprob] | None = None  # of the tokens not yet sent (when logprobs were asked)
+    num_prompt_logprobs: int = 0  # prompt positions (from 1) whose logprobs were computed
+    new_prompt_logprobs: list[RawLogprob] | None = None  # of those, the ones not yet sent
 
     def __post_init__(self) -> None:
         self.all_token_ids = self.prompt_token_ids + self.output_token_ids
@@ -54,6 +56,23 @@ class Sequence:
     def append_token(self, token: int) -> None:
         self.output_token_ids.append(token)
         self.all_token_ids.append(token)
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Sample 0 of a request asking prompt_logprobs, before all of them were computed."""
+        return (self.index == 0 and self.params.prompt_logprobs is not None
+                and self.num_prompt_logprobs < len(self.prompt_token_ids) - 1)
+
+    def prompt_logprob_positions(self, start: int, end: int) -> range:
+        """Of the positions start..end-1 computed this step, those whose logits give a prompt
+        token's logprob not yet computed (position q's logits score prompt token q + 1)."""
+        if not self.needs_prompt_logprobs:
+            return range(0)
+        return range(max(start, self.num_prompt_logprobs), min(end, len(self.prompt_token_ids) - 1))
+
+    def add_prompt_logprobs(self, logprobs: list[RawLogprob]) -> None:
+        self.num_prompt_logprobs += len(logprobs)
+        self.new_prompt_logprobs = (self.new_prompt_logprobs or []) + logprobs
 
     @property
     def in_prefill(self) -> bool:
@@ -73,9 +92,10 @@ class Sequence:
         new = self.output_token_ids[self.num_sent :]
         self.num_sent = len(self.output_token_ids)
         logprobs, self.new_logprobs = self.new_logprobs, [] if self.new_logprobs is not None else None
+        prompt_logprobs, self.new_prompt_logprobs = self.new_prompt_logprobs, None
         return EngineCoreOutput(
             self.request_id, self.index, new, logprobs, self.finish_reason, self.stop_reason, self.error,
-            self.num_cached_tokens, first_scheduled_time,
+            self.num_cached_tokens, first_scheduled_time, prompt_logprobs,
         )
 
 

@@ -8,9 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
+from llmpipe.errors import LLMPipeError
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.structured_output.bitmask import allowed_tokens, any_token_left
 
 
 @dataclass
@@ -22,6 +25,8 @@ class SamplingRow:
     prompt_token_ids: Sequence[int]
     output_token_ids: Sequence[int]
     banned_token_ids: Sequence[int] = ()  # EOS / stop ids while under min_tokens
+    # Structured outputs: the tokens the grammar allows next (int32 words, bit i = token i), or None.
+    token_bitmask: np.ndarray | None = None
 
 
 @dataclass
@@ -70,21 +75,26 @@ def topn_logprobs(raw: torch.Tensor, chosen: list[int], rows: Sequence[SamplingR
     if all(n is None for n in wanted):
         return [None] * len(rows)
     logprobs = raw.float().log_softmax(dim=-1)
-    result = []
-    for i, n in enumerate(wanted):
-        if n is None:
-            result.append(None)
-            continue
-        lp = logprobs[i, chosen[i]]
-        rank = int((logprobs[i] > lp).sum()) + 1
-        top = logprobs[i].topk(n) if n > 0 else None
-        pairs = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist()))
-        result.append((float(lp), rank, pairs))
-    return result
+    return [None if n is None else ranked_logprobs(logprobs[i : i + 1], chosen[i : i + 1], n)[0]
+            for i, n in enumerate(wanted)]
+
+
+def ranked_logprobs(logprobs: torch.Tensor, chosen: Sequence[int], n: int) -> list[tuple[float, int, list[tuple[int, float]]]]:
+    """Per row of logprobs [rows, vocab]: (the chosen token's logprob, its rank, the top-n (token id,
+    logprob) pairs)."""
+    index = torch.tensor(list(chosen), dtype=torch.long, device=logprobs.device)
+    picked = logprobs.gather(1, index[:, None])
+    ranks = ((logprobs > picked).sum(dim=-1) + 1).tolist()
+    pairs: list[list[tuple[int, float]]] = [[] for _ in ranks]
+    if n > 0:
+        top = logprobs.topk(n, dim=-1)
+        pairs = [list(zip(ids, values)) for ids, values in zip(top.indices.tolist(), top.values.tolist())]
+    return list(zip(picked[:, 0].tolist(), ranks, pairs))
 
 
 def adjusted_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """float32 logits after penalties, logit_bias and the min_tokens bans: what every rule below starts from."""
+    """float32 logits after penalties, logit_bias, the min_tokens bans and structured outputs' token
+    bitmasks: what every rule below starts from."""
     logits = logits.float()
     if any(r.params.uses_penalties or r.banned_token_ids or r.params.logit_bias for r in rows):
         logits = apply_penalties(logits.clone(), rows)
@@ -95,6 +105,29 @@ def adjusted_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
                 logits[i].index_add_(0, ids, bias)
             if row.banned_token_ids:
                 logits[i, list(row.banned_token_ids)] = float("-inf")
+    if any(r.token_bitmask is not None for r in rows):
+        logits = apply_token_bitmasks(logits, rows)
+    return logits
+
+
+class DeadEndError(LLMPipeError):
+    """No token may follow: the grammar allows none that the other rules (min_tokens) leave."""
+
+
+def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """-inf wherever a row's grammar forbids the token. DeadEndError when a row keeps none
+    (sampling it would draw from NaNs)."""
+    masked = [i for i, r in enumerate(rows) if r.token_bitmask is not None]
+    for i in masked:
+        if not any_token_left(rows[i].token_bitmask, rows[i].banned_token_ids):
+            why = ": min_tokens bans EOS where the grammar can only end" if rows[i].banned_token_ids else ""
+            raise DeadEndError(f"structured_outputs: the grammar allows no next token here (a dead end{why})")
+    allowed = allowed_tokens([rows[i].token_bitmask for i in masked], logits.shape[-1], logits.device)
+    kept = torch.where(allowed, logits[masked], float("-inf"))
+    if len(masked) == len(rows):
+        return kept
+    logits = logits.clone()
+    logits[masked] = kept
     return logits
 
 

@@ -2,7 +2,7 @@
 core in its own process under `llmpipe serve`, or of an in-process `LLM`'s core on a thread).
 
 Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health, /metrics,
-/tokenize, /detokenize, and / (the playground page).
+/tokenize, /detokenize, /tokenizer_info, and / (the playground page).
 
 Nothing heavy runs on the event loop: parsing and validating a body, chat templating, tokenizing
 and rendering a large reply run on a small worker pool (`Server.offload`), so one 7 MiB request
@@ -31,15 +31,17 @@ from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.engine.core_client import ThreadCoreClient
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
+from llmpipe.server.completion_batch import CompletionBatch
 from llmpipe.server.errors import install_error_handlers, llmpipe_error_body
 from llmpipe.server.http import BODY_TIMEOUT_S
 from llmpipe.server.input_processor import InputProcessor
 from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import Format, StreamState, stream_chunks
-from llmpipe.server.responses import ResponseShape, ResponsesRequest
+from llmpipe.server.responses import ResponseShape
 from llmpipe.server.protocol import (
     REQUESTS,
+    ResponsesRequest,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -56,14 +58,14 @@ router = APIRouter()
 class Server:
     """What the routes share: the async engine, the request parsing, the metrics."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str, tool_call_parser: str | None = None) -> None:
         self.engine = engine
         self.model_name = model_name
         self.created = int(time.time())
         self.metrics = ServerMetrics(lambda: self.engine.stats)
         engine.on_output = self.metrics.observe
         self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
-        self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name)
+        self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name, tool_call_parser)
 
     @property
     def max_model_len(self) -> int:
@@ -103,7 +105,7 @@ def json_body(model: type[BaseModel]) -> dict:
 def request_schemas() -> dict:
     """JSON schemas of every request body and what they nest, for OpenAPI's components."""
     schemas = {}
-    for model in (*REQUESTS.values(), ResponsesRequest):
+    for model in REQUESTS.values():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -117,7 +119,7 @@ def _server(request: Request) -> Server:
 class _EngineStreamResponse(StreamingResponse):
     """An SSE response that aborts its request however it ends (done, disconnect, shutdown)."""
 
-    def __init__(self, content: AsyncIterator[str], stream: RequestStream) -> None:
+    def __init__(self, content: AsyncIterator[str], stream: RequestStream | CompletionBatch) -> None:
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._stream = stream
 
@@ -183,8 +185,21 @@ async def _disconnected(request: Request) -> None:
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
+    """One engine request per prompt of the body, answered as one reply (see server/completion_batch.py)."""
     server = _server(request)
-    return await server.respond(request, *await server.offload(server.inputs.completion, await request.body()))
+    body, requests, fmt = await server.offload(server.inputs.completion, await request.body())
+    if body.user or body.safety_identifier:
+        logger.debug("request for user %r", body.user or body.safety_identifier)
+    batch = await CompletionBatch.start(server.engine, requests, fmt)
+    if body.stream:
+        return _EngineStreamResponse(_sse(batch.chunks(body.include_usage)), batch)
+    try:
+        finals = await _unless_disconnected(request, asyncio.gather(*(_last(stream) for stream in batch.streams)))
+    finally:
+        batch.abort()
+    if finals is None:
+        return Response(status_code=499)
+    return await server.offload(lambda: JSONResponse(batch.body(finals)))
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
@@ -233,6 +248,11 @@ async def tokenize(request: Request) -> Response:
     return await server.offload(server.inputs.tokenize, await request.body())
 
 
+@router.get("/tokenizer_info")
+async def tokenizer_info(request: Request) -> dict:
+    return _server(request).inputs.tokenizer_info()
+
+
 @router.post("/detokenize", openapi_extra=json_body(DetokenizeRequest))
 async def detokenize(request: Request) -> Response:
     server = _server(request)
@@ -253,12 +273,14 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout: float = BODY_TIMEOUT_S,
     before_step: Callable[[], None] | None = None,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
     """Serve `engine`: an AsyncEngine (over a core process: `llmpipe serve`), or an in-process LLM,
-    whose core then steps on a thread, calling `before_step` before each step (see CoreLoop)."""
+    whose core then steps on a thread, calling `before_step` before each step (see CoreLoop).
+    `tool_call_parser`: the name of the parser that reads tool calls (None: chosen from the chat template)."""
     if isinstance(engine, LLM):
         engine = AsyncEngine(ThreadCoreClient(engine.engine.core, before_step), engine.engine.tokenizer, max_waiting)
-    server = Server(engine, model_name)
+    server = Server(engine, model_name, tool_call_parser)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -8,6 +8,7 @@ import sys
 from typing import Callable
 
 from llmpipe.server.http import BODY_TIMEOUT_S, HEADER_TIMEOUT_S
+from llmpipe.tool_parsers import TOOL_PARSERS
 
 
 def add_serve_parser(sub) -> None:
@@ -30,6 +31,12 @@ def add_serve_parser(sub) -> None:
     )
     serve.add_argument(
         "--body-timeout", type=float, default=BODY_TIMEOUT_S, help="seconds a client has to send a request's body (else 408)"
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(TOOL_PARSERS),
+        help="how the model writes tool calls (default: recognised from its chat template)",
     )
     add_engine_args(serve)
     serve.set_defaults(func=run_serve, max_decode_stall=2.0)  # streams first: new prompts join in chunks
@@ -75,6 +82,7 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
         args.served_model_name or args.model,
         api_key=args.api_key,
         body_timeout=args.body_timeout,
+        tool_call_parser=args.tool_call_parser,
     )
     print(f"llmpipe: serving {args.model} on http://{args.host}:{args.port} (playground at /)", file=sys.stderr)
     uvicorn_settings = uvicorn_config(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Iterator, TypeVar
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -17,22 +18,34 @@ from pydantic import BaseModel
 from llmpipe.errors import InvalidRequestError
 from llmpipe.server.errors import ModelNotFoundError
 from llmpipe.server.openai_format import ChatFormat, CompletionFormat
-from llmpipe.server.responses import ResponseShape, ResponsesRequest, chat_error
-from llmpipe.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from llmpipe.server.responses import ResponseShape, chat_error
+from llmpipe.server.protocol import (
+    MAX_PROMPTS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+    template_tools,
+)
+from llmpipe.server.tool_calling import tool_calling
 from llmpipe.tokenizer import Tokenizer
 
 JSON_SLICE = 65_536  # list items rendered per json.dumps call in a long reply
-RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt"})
+RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools"})
 Body = TypeVar("Body", bound=BaseModel)
 
 
 class InputProcessor:
     """Turns one model's request bodies into (body, prompt, SamplingParams, reply format)."""
 
-    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, model_name: str) -> None:
+    def __init__(
+        self, tokenizer: Tokenizer | None, max_model_len: int, model_name: str, tool_call_parser: str | None = None
+    ) -> None:
         self._tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.model_name = model_name
+        self.tool_call_parser = tool_call_parser  # None: chosen from the chat template
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
@@ -94,36 +107,53 @@ class InputProcessor:
                 f"chat_template_kwargs: {sorted(reserved)[0]!r} is set by the request itself", param="chat_template_kwargs"
             )
         messages = [m.as_template_input() for m in body.messages]
-        text = self.tokenizer().apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, **kwargs)
+        text = self.tokenizer().apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, tools=template_tools(body.tools), **kwargs
+        )
         unbounded = isinstance(body, TokenizeRequest) or body.truncate_prompt_tokens is not None
         return {"prompt": text, "prompt_token_ids": self.encode(text, add_special_tokens, "messages", unbounded)}
 
     def completion(self, raw: bytes) -> tuple:
+        """(body, [(prompt, SamplingParams)]: one engine request per prompt of the body, reply format)."""
         body = parse_body(CompletionRequest, raw)
         self.check_model(body.model)
-        prompt = _single_prompt(body.prompt)
-        truncating = body.truncate_prompt_tokens is not None
+        prompt_logprobs = body.prompt_logprobs
+        if prompt_logprobs is None and body.echo:  # vLLM: echo's logprobs cover the prompt too
+            prompt_logprobs = body.logprobs
+        requests = []
+        for prompt in _prompt_list(body.prompt):
+            prompt = self._completion_prompt(prompt, body)
+            params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
+            requests.append((prompt, replace(params, prompt_logprobs=prompt_logprobs)))
+        tokenizer = self._tokenizer
+        fmt = CompletionFormat(
+            f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs, body.return_tokens_as_token_ids,
+            echo=body.echo, decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else None,
+        )
+        return body, requests, fmt
+
+    def _completion_prompt(self, prompt: str | list[int], body: CompletionRequest) -> dict:
         if isinstance(prompt, str):
-            ids = self.encode(prompt, body.add_special_tokens, "prompt", truncating)
-            prompt = {"prompt": prompt, "prompt_token_ids": self.truncate(ids, body.truncate_prompt_tokens)}
-        else:
-            prompt = {"prompt_token_ids": self.truncate(prompt, body.truncate_prompt_tokens)}
-        params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
-        fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs, body.return_tokens_as_token_ids)
-        return body, prompt, params, fmt
+            ids = self.encode(prompt, body.add_special_tokens, "prompt", body.truncate_prompt_tokens is not None)
+            kept = self.truncate(ids, body.truncate_prompt_tokens)
+            # A cut prompt's text is no longer the text of its tokens: echo decodes the tokens kept.
+            return {"prompt": prompt, "prompt_token_ids": kept} if len(kept) == len(ids) else {"prompt_token_ids": kept}
+        return {"prompt_token_ids": self.truncate(prompt, body.truncate_prompt_tokens)}
 
     def chat_completion(self, raw: bytes) -> tuple:
         return self.chat(parse_body(ChatCompletionRequest, raw))
 
     def chat(self, body: ChatCompletionRequest) -> tuple:
         self.check_model(body.model)
+        tools = tool_calling(body, self.tool_call_parser, self._tokenizer.chat_template if self._tokenizer else None)
         prompt = self.chat_prompt(body, body.add_special_tokens)
         prompt["prompt_token_ids"] = self.truncate(prompt["prompt_token_ids"], body.truncate_prompt_tokens)
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
+        tools.apply(params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
-                         token_bytes=self._tokenizer.token_bytes if self._tokenizer else None)
+                         token_bytes=self._tokenizer.token_bytes if self._tokenizer else None, tool_parser=tools.parser)
         return body, prompt, params, fmt
 
     def response(self, raw: bytes) -> tuple:
@@ -149,6 +179,20 @@ class InputProcessor:
         if body.return_token_strs:
             reply["token_strs"] = [tokenizer.id_to_token(t) for t in tokens]
         return json_response(reply)
+
+    def tokenizer_info(self) -> dict:
+        """vLLM's /tokenizer_info: the tokenizer's configuration, as clients with a remote tokenizer
+        (lm-evaluation-harness) read it: its special tokens, chat template and length limit."""
+        tokenizer = self.tokenizer()
+        names = ("bos_token", "eos_token", "unk_token", "pad_token")
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",  # what transformers wraps a tokenizers.Tokenizer in
+            "name_or_path": self.model_name,
+            **{name: tokenizer.special_tokens.get(name) for name in names},
+            "add_bos_token": tokenizer.add_bos_token,
+            "model_max_length": self.max_model_len,
+            "chat_template": tokenizer.chat_template,
+        }
 
     def detokenize(self, raw: bytes) -> Response:
         body = parse_body(DetokenizeRequest, raw)
@@ -212,13 +256,10 @@ def json_response(reply: dict) -> Response:
     return StreamingResponse(render(), media_type="application/json")
 
 
-def _single_prompt(prompt: str | list) -> str | list[int]:
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise InvalidRequestError(
-                "prompt: a batch of prompts is not supported; send one prompt per request",
-                param="prompt",
-                code="unsupported_parameter",
-            )
-        return prompt[0]
+def _prompt_list(prompt: str | list) -> list[str | list[int]]:
+    """The body's prompts: a string or a list of token ids is one; a list of either is a batch."""
+    if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
+        return [prompt]
+    if len(prompt) > MAX_PROMPTS:
+        raise InvalidRequestError(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}", param="prompt")
     return prompt

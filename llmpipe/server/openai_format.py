@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from llmpipe.outputs import CompletionOutput, Logprob, RequestOutput
+from llmpipe.tool_parsers import ToolCallStream, ToolParser
 
 
 def usage(output: RequestOutput) -> dict:
@@ -69,9 +70,12 @@ class Format:
     # Subclasses: full_choice, delta_choice, logprobs.
 
 
+@dataclass
 class CompletionFormat(Format):
-    object = "text_completion"
-    chunk_object = "text_completion"
+    echo: bool = False  # each choice's text and logprobs start with its prompt's (server/completion_batch.py)
+    decode: Callable[[list[int]], str] | None = None  # token ids → text (special tokens kept), for echo
+    object: ClassVar[str] = "text_completion"
+    chunk_object: ClassVar[str] = "text_completion"
 
     def full_choice(self, choice: CompletionOutput) -> dict:
         return {
@@ -91,40 +95,69 @@ class CompletionFormat(Format):
             "stop_reason": choice.stop_reason,
         }
 
-    def logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob]], text_offset: int) -> dict:
+    def logprobs(self, token_ids: list[int], entries: list[dict[int, Logprob] | None], text_offset: int) -> dict:
+        """An entry is None for an echoed prompt's first token (nothing before it): its logprobs are null."""
         tokens, offsets = [], []
         for tid, entry in zip(token_ids, entries):
             offsets.append(text_offset)
-            tokens.append(self._token(tid, entry[tid]))
+            tokens.append(self._token(tid, entry[tid]) if entry is not None else self._first_token(tid))
             text_offset += len(tokens[-1])
         return {
             "tokens": tokens,
-            "token_logprobs": [entry[tid].logprob for tid, entry in zip(token_ids, entries)],
-            "top_logprobs": [{self._token(t, lp): lp.logprob for t, lp in _top(entry, self.top_logprobs)} for entry in entries],
+            "token_logprobs": [None if entry is None else entry[tid].logprob for tid, entry in zip(token_ids, entries)],
+            "top_logprobs": [None if entry is None else {self._token(t, lp): lp.logprob for t, lp in _top(entry, self.top_logprobs)}
+                             for entry in entries],
             "text_offset": offsets,
         }
 
+    def _first_token(self, token_id: int) -> str:
+        if self.tokens_as_ids or self.decode is None:
+            return f"token_id:{token_id}"
+        return self.decode([token_id])
 
+
+@dataclass
 class ChatFormat(Format):
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
+    tool_parser: ToolParser | None = None  # reads tool calls out of the text; None: the text is all content
+    object: ClassVar[str] = "chat.completion"
+    chunk_object: ClassVar[str] = "chat.completion.chunk"
 
     def full_choice(self, choice: CompletionOutput) -> dict:
+        message: dict = {"role": "assistant", "content": choice.text}
+        finish_reason = choice.finish_reason
+        if self.tool_parser is not None:
+            message["content"], calls = self.tool_parser.extract(choice.text)
+            if calls:
+                message["tool_calls"] = [call.as_openai() for call in calls]
+                finish_reason = _with_calls(finish_reason)
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": choice.text},
+            "message": message,
             "logprobs": self._logprobs(choice, 0, len(choice.token_ids), 0),
-            "finish_reason": choice.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": choice.stop_reason,
         }
 
-    def delta_choice(self, choice: CompletionOutput, sent: StreamState, first: bool) -> dict:
-        delta = {"role": "assistant", "content": choice.text} if first else {"content": choice.text[sent.chars :]}
+    def delta_choice(self, choice: CompletionOutput, sent: StreamState, first: bool) -> dict | None:
+        """The choice's next chunk; None when tool-call parsing holds back all that is new."""
+        finish_reason = choice.finish_reason
+        if self.tool_parser is None:
+            delta = {"content": choice.text[sent.chars :]}
+        else:
+            if sent.tool_calls is None:
+                sent.tool_calls = self.tool_parser.stream()
+            delta = sent.tool_calls.extract_delta(choice.text, choice.finished)
+            if sent.tool_calls.called:
+                finish_reason = _with_calls(finish_reason)
+            if not (delta or first or choice.finished or self.top_logprobs is not None):
+                return None
+        if first:
+            delta = {"role": "assistant", **(delta or {"content": ""})}
         return {
             "index": choice.index,
             "delta": delta,
             "logprobs": self._logprobs(choice, sent.tokens, len(choice.token_ids), sent.chars),
-            "finish_reason": choice.finish_reason,
+            "finish_reason": finish_reason,
             "stop_reason": choice.stop_reason,
         }
 
@@ -150,6 +183,12 @@ class StreamState:
     tokens: int = 0
     started: bool = False
     finished: bool = False
+    tool_calls: ToolCallStream | None = None  # what of its tool calls was sent (when they are parsed)
+
+
+def _with_calls(finish_reason: str | None) -> str | None:
+    """A reply that ended naturally after making calls finished for them (OpenAI's "tool_calls")."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 def stream_chunks(fmt: Format, output: RequestOutput, sent: list[StreamState]) -> list[dict]:
@@ -161,7 +200,9 @@ def stream_chunks(fmt: Format, output: RequestOutput, sent: list[StreamState]) -
         grew = len(choice.text) > state.chars or (fmt.top_logprobs is not None and len(choice.token_ids) > state.tokens)
         if state.finished or not (grew or choice.finished or not state.started):
             continue
-        choices.append(fmt.delta_choice(choice, state, first=not state.started))
+        delta = fmt.delta_choice(choice, state, first=not state.started)
         state.chars, state.tokens = len(choice.text), len(choice.token_ids)
         state.started, state.finished = True, choice.finished
+        if delta is not None:
+            choices.append(delta)
     return [fmt.chunk([c]) for c in choices]

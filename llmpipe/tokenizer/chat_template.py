@@ -45,12 +45,28 @@ def render_chat_template(
 
 def _prepare(message: dict) -> dict:
     """A copy shaped as transformers hands it over: None-valued keys dropped (templates handle a missing
-    key better), and reasoning readable as both `reasoning_content` and `thinking`."""
+    key better), reasoning readable as both `reasoning_content` and `thinking`, and tool calls'
+    arguments as a mapping."""
     message = {key: value for key, value in message.items() if value is not None}
     reasoning = next((message[key] for key in _REASONING_KEYS if key in message), None)
     if reasoning is not None:
         message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    if message.get("tool_calls"):
+        message["tool_calls"] = [_with_parsed_arguments(call) for call in message["tool_calls"]]
     return message
+
+
+def _with_parsed_arguments(call: Any) -> Any:
+    """OpenAI sends a call's arguments as JSON text; templates (Qwen 2.5, Llama 3.x) read them as a
+    mapping, as transformers' docs pass them (vLLM parses them too). Text that is not JSON stays text."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except json.JSONDecodeError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 @lru_cache(maxsize=32)

@@ -17,6 +17,7 @@ REQUESTS = [
     ("greedy", [1, 5, 9, 13], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)),
     ("seeded-n2", [1, 200, 17], SamplingParams(temperature=0.9, seed=7, n=2, max_tokens=10, ignore_eos=True)),
     ("stop-token", [1, 42, 43], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[], min_tokens=2)),
+    ("prompt-logprobs", [1, 7, 99, 250, 31], SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=2)),
 ]
 
 
@@ -33,7 +34,7 @@ def run(engine: LLMEngine) -> dict[str, object]:
 
 def comparable(output) -> list:
     return [(c.token_ids, c.text, c.finish_reason, c.stop_reason, c.logprobs, c.cumulative_logprob)
-            for c in output.outputs]
+            for c in output.outputs] + [output.prompt_logprobs]
 
 
 def test_outputs_through_msgpack_equal_the_in_process_ones(tiny_checkpoint):
@@ -49,6 +50,7 @@ def test_outputs_through_msgpack_equal_the_in_process_ones(tiny_checkpoint):
     for request_id in direct:
         assert comparable(direct[request_id]) == comparable(over_the_wire[request_id])
         assert direct[request_id].outputs[0].token_ids  # something was generated
+    assert len(over_the_wire["prompt-logprobs"].prompt_logprobs) == 5  # they crossed too
 
 
 def test_a_stop_string_ends_the_sample_in_the_front_end_and_the_core_lets_it_go(tiny_checkpoint):

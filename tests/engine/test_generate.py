@@ -16,7 +16,7 @@ def llm(tiny_checkpoint):
 def seeded(llm, **kwargs):
     """A fixed-seed sample: varied text (random tiny models repeat themselves under greedy), yet
     deterministic, so runs that differ only in when they stop share every token before it."""
-    params = SamplingParams(temperature=1.0, seed=1234, ignore_eos=True, **{"max_tokens": 24, **kwargs})
+    params = SamplingParams(temperature=1.0, seed=1234, **{"ignore_eos": True, "max_tokens": 24, **kwargs})
     return llm.generate([PROMPT], params)[0].outputs[0]
 
 
@@ -53,6 +53,24 @@ def test_stop_token_id_ends_generation_at_that_token(llm):
     end = full.token_ids.index(stop_id) + 1
     assert out.token_ids == full.token_ids[:end]
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
+
+
+def test_a_stop_token_text_is_left_out_unless_asked_for(llm):
+    """vLLM's rule, EOS included (a special token when skip_special_tokens is off, as for Mistral's
+    tool calls): the token is in token_ids, its text only with include_stop_str_in_output."""
+    full = seeded(llm, skip_special_tokens=False)
+    stop_id = full.token_ids[4]
+    decode = llm.get_tokenizer().decode
+    for include in (False, True):
+        out = seeded(llm, stop_token_ids=[stop_id], skip_special_tokens=False, include_stop_str_in_output=include)
+        kept = out.token_ids if include else out.token_ids[:-1]
+        assert out.token_ids[-1] == stop_id and out.text == decode(kept, skip_special_tokens=False)
+    eos = llm.get_tokenizer().eos_token_id
+    for include in (False, True):
+        out = seeded(llm, ignore_eos=False, logit_bias={eos: 100.0}, skip_special_tokens=False,
+                     include_stop_str_in_output=include)
+        assert out.token_ids == [eos] and out.finish_reason == "stop"
+        assert out.text == (decode([eos], skip_special_tokens=False) if include else "")
 
 
 def test_min_tokens_holds_back_stop_tokens(llm):

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import openai
 import pytest
 import torch
 import transformers
 
-from llmpipe.server.responses import ResponsesRequest
-from tests.server.conftest import TINY_MODEL
+from llmpipe import LLM
+from llmpipe.server.protocol import ResponsesRequest
+from tests.server.conftest import TINY_MODEL, live_server
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
+from tests.server.tool_fixtures import QWEN25, TIME, WEATHER, checkpoint_with_template
 
 MESSAGES = [{"role": "user", "content": "how does inference work?"}]
 
@@ -153,3 +156,53 @@ def test_function_call_items_become_an_assistant_tool_call_turn_and_a_tool_messa
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "w", "schema": {"type": "object"}, "strict": True}}
     assert json.loads(json.dumps(body)) == body
+
+
+@pytest.fixture(scope="module")
+def qwen_client(tmp_path_factory) -> openai.OpenAI:
+    """A tiny random Qwen 2 with Qwen 2.5's real template (it writes tool calls as Hermes does)."""
+    path = checkpoint_with_template(tmp_path_factory.mktemp("responses_qwen2"), "qwen2", QWEN25)
+    with live_server(LLM(str(path), progress=False)) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def responses_tool(tool: dict) -> dict:
+    """A chat completions tool in the Responses API's flat shape."""
+    return {"type": "function", **tool["function"], "strict": True}
+
+
+def test_a_named_function_tool_is_a_function_call_item_with_valid_arguments(qwen_client):
+    options = dict(model=TINY_MODEL, input="weather in Rome?", tools=[responses_tool(WEATHER), responses_tool(TIME)],
+                   tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60, temperature=1.0,
+                   extra_body={"seed": 3})
+    out = qwen_client.responses.create(**options)
+    (call,) = out.output
+    assert (call.type, call.name, call.status) == ("function_call", "get_weather", "completed")
+    assert call.call_id.startswith("call_") and out.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+
+    events = list(qwen_client.responses.create(stream=True, **options))
+    kinds = [event.type for event in events]
+    assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    streamed = "".join(event.delta for event in events if event.type == "response.function_call_arguments.delta")
+    done = next(event for event in events if event.type == "response.function_call_arguments.done")
+    assert streamed == done.arguments == call.arguments
+    assert events[-1].type == "response.completed" and events[-1].response.output[0].arguments == call.arguments
+
+
+def test_a_function_call_and_its_output_go_back_to_the_model_as_chat_turns(qwen_client):
+    call = {"type": "function_call", "call_id": "call_7", "name": "get_weather",
+            "arguments": '{"city": "Rome", "unit": "celsius"}'}
+    items = [{"role": "user", "content": "weather in Rome?"}, call,
+             {"type": "function_call_output", "call_id": "call_7", "output": "22 degrees"}]
+    messages = [{"role": "user", "content": "weather in Rome?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_7", "type": "function", "function": {"name": "get_weather", "arguments": call["arguments"]}}]},
+                {"role": "tool", "tool_call_id": "call_7", "content": "22 degrees"}]
+    out = qwen_client.responses.create(model=TINY_MODEL, input=items, tools=[responses_tool(WEATHER)],
+                                       tool_choice="none", max_output_tokens=8, temperature=0.0)
+    chat = qwen_client.chat.completions.create(model=TINY_MODEL, messages=messages, tool_choice="none",
+                                               tools=[{"type": "function", "function": {**WEATHER["function"], "strict": True}}],
+                                               max_tokens=8, temperature=0.0)
+    assert out.usage.input_tokens == chat.usage.prompt_tokens
+    assert out.output_text == chat.choices[0].message.content

@@ -15,11 +15,13 @@ from tests.server.conftest import live_server
 OPERATIONS = {  # label → examples per generation mode
     "POST /v1/completions": 40,
     "POST /v1/chat/completions": 40,
+    "POST /v1/responses": 30,
     "POST /tokenize": 15,
     "POST /detokenize": 15,
     "GET /v1/models": 1,
     "GET /health": 1,
     "GET /metrics": 1,
+    "GET /tokenizer_info": 1,
 }
 
 

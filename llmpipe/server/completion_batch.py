@@ -1,0 +1,167 @@
+"""One completions request as one reply, however many prompts it sends.
+
+Each prompt of the body is an engine request of its own; the reply lists their choices indexed
+`prompt_index * n + sample_index` (OpenAI's order), sums their usage, and streams their chunks as
+they come. `echo` puts the prompt before each choice's text, token by token in its logprobs (the
+first prompt token's are null: nothing comes before it), as OpenAI's legacy completions and vLLM do.
+Choices also carry vLLM's `prompt_logprobs` when the request asked for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from typing import AsyncIterator
+
+from llmpipe.errors import LLMPipeError
+from llmpipe.outputs import Logprob, RequestOutput
+from llmpipe.server.async_engine import AsyncEngine, RequestStream
+from llmpipe.server.errors import llmpipe_error_body
+from llmpipe.server.openai_format import CompletionFormat, StreamState, stream_chunks, usage
+from llmpipe.sampling_params import SamplingParams
+
+MIN_LOGPROB = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
+
+
+@dataclass
+class CompletionBatch:
+    streams: list[RequestStream]
+    fmt: CompletionFormat
+    n: int
+    with_prompt_logprobs: bool  # the requests compute prompt logprobs (asked for, or for echo's logprobs)
+
+    @classmethod
+    async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams]], fmt: CompletionFormat):
+        """Queue every prompt's request; if one is refused, those already queued are aborted."""
+        streams: list[RequestStream] = []
+        try:
+            for prompt, params in requests:
+                streams.append(await engine.add(prompt, params))
+        except BaseException:
+            for stream in streams:
+                stream.abort()
+            raise
+        params = requests[0][1]
+        return cls(streams, fmt, params.n, params.prompt_logprobs is not None)
+
+    def abort(self) -> None:
+        for stream in self.streams:
+            stream.abort()
+
+    def body(self, finals: list[RequestOutput]) -> dict:
+        choices = [choice for p, output in enumerate(finals) for choice in self._choices(p, output)]
+        return {**self.fmt._envelope(self.fmt.object, choices), "usage": summed_usage(finals),
+                "llmpipe_timing": _timing(finals)}
+
+    def _choices(self, p: int, output: RequestOutput) -> list[dict]:
+        shown = self._shown(output) or output
+        return [self._indexed(p, self.fmt.full_choice(choice), output, self.with_prompt_logprobs)
+                for choice in shown.outputs]
+
+    def _indexed(self, p: int, choice: dict, output: RequestOutput, with_prompt_logprobs: bool) -> dict:
+        """choice as the reply lists it: indexed among all prompts' choices, and its prompt logprobs."""
+        choice["index"] += p * self.n
+        if with_prompt_logprobs:
+            choice["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs)
+        return choice
+
+    def _shown(self, output: RequestOutput) -> RequestOutput | None:
+        """The output as the client sees it (echoed if asked); None while its prompt logprobs are
+        still coming (they arrive whole once the prompt is computed)."""
+        if self.with_prompt_logprobs and output.prompt_logprobs is None:
+            return None
+        return echoed(output, self.fmt) if self.fmt.echo else output
+
+    async def chunks(self, include_usage: bool) -> AsyncIterator[dict]:
+        """Every prompt's chunks as its outputs come, then (include_usage) one usage chunk for all."""
+        sent = [[StreamState() for _ in range(self.n)] for _ in self.streams]
+        finals: list[RequestOutput | None] = [None] * len(self.streams)
+        try:
+            async for p, output in _merged(self.streams):
+                finals[p] = output if output.finished else None
+                shown = self._shown(output)
+                if shown is None:
+                    continue
+                fresh = {i for i, state in enumerate(sent[p]) if not state.started}
+                chunks = stream_chunks(self.fmt, shown, sent[p])
+                for chunk in chunks:
+                    choice = chunk["choices"][0]  # a choice's first chunk carries its prompt logprobs
+                    self._indexed(p, choice, output, self.with_prompt_logprobs and choice["index"] in fresh)
+                    if include_usage:
+                        chunk["usage"] = None
+                if output.finished and not include_usage and chunks:
+                    chunks[-1]["llmpipe_timing"] = output.metrics.timing_breakdown()
+                for chunk in chunks:
+                    yield chunk
+            if include_usage:
+                yield {**self.fmt.chunk([]), "usage": summed_usage(finals), "llmpipe_timing": _timing(finals)}
+        except LLMPipeError as err:  # the engine failed a request, or the server is shutting down
+            yield llmpipe_error_body(err)
+
+
+def echoed(output: RequestOutput, fmt: CompletionFormat) -> RequestOutput:
+    """output with its prompt before each choice: text, token ids and (with logprobs) their logprobs."""
+    prompt_ids = output.prompt_token_ids
+    text = output.prompt if output.prompt is not None else (fmt.decode(prompt_ids) if fmt.decode else "")
+    choices = []
+    for choice in output.outputs:
+        logprobs = choice.logprobs
+        if logprobs is not None and output.prompt_logprobs is not None:
+            logprobs = list(output.prompt_logprobs) + logprobs
+        choices.append(replace(choice, text=text + choice.text, token_ids=prompt_ids + choice.token_ids, logprobs=logprobs))
+    return replace(output, outputs=choices)
+
+
+def prompt_logprobs_json(entries: list[dict[int, Logprob] | None] | None) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt token, null or {token id: {logprob, rank, decoded_token}}."""
+    if entries is None:
+        return None
+    return [None if entry is None else {
+        str(tid): {"logprob": max(lp.logprob, MIN_LOGPROB), "rank": lp.rank, "decoded_token": lp.decoded_token}
+        for tid, lp in entry.items()
+    } for entry in entries]
+
+
+def summed_usage(outputs: list[RequestOutput | None]) -> dict:
+    parts = [usage(output) for output in outputs if output is not None]
+    total = {key: sum(part[key] for part in parts) for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    cached = sum(part["prompt_tokens_details"]["cached_tokens"] for part in parts)
+    return {**total, "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _timing(outputs: list[RequestOutput | None]) -> dict | list[dict | None]:
+    """One prompt's timing breakdown; a list of them for a batch of prompts."""
+    timings = [None if output is None else output.metrics.timing_breakdown() for output in outputs]
+    return timings[0] if len(timings) == 1 else timings
+
+
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from every stream as they come; a stream's error is raised."""
+    if len(streams) == 1:  # the common case needs no tasks
+        async for output in streams[0]:
+            yield 0, output
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(p: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((p, output))
+        except BaseException as err:
+            queue.put_nowait((p, err))
+        queue.put_nowait((p, None))
+
+    tasks = [asyncio.ensure_future(pump(p, stream)) for p, stream in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            p, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield p, item
+    finally:
+        for task in tasks:
+            task.cancel()
