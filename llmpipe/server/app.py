@@ -25,19 +25,18 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from llmpipe.errors import LLMPipeError
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.engine.core_client import ThreadCoreClient
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
-from llmpipe.server.completion_batch import CompletionBatch
-from llmpipe.server.errors import install_error_handlers, llmpipe_error_body
+from llmpipe.server.request_batch import RequestBatch
+from llmpipe.server.errors import install_error_handlers
 from llmpipe.server.http import BODY_TIMEOUT_S
 from llmpipe.server.input_processor import InputProcessor
 from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
-from llmpipe.server.openai_format import Format, StreamState, stream_chunks
+from llmpipe.server.openai_format import Format
 from llmpipe.server.responses import ResponseShape
 from llmpipe.server.protocol import (
     REQUESTS,
@@ -76,24 +75,24 @@ class Server:
         return await asyncio.get_running_loop().run_in_executor(self.pool, work, *args)
 
     async def respond(
-        self, request: Request, body: SamplingFields, prompt: dict, params: SamplingParams, fmt: Format,
+        self, request: Request, body: SamplingFields, requests: list[tuple[dict, SamplingParams]], fmt: Format,
         shape: ResponseShape | None = None,
     ):
-        """The reply to one request: chat / completion JSON or SSE chunks, or (with `shape`) the
-        Responses API's object or events."""
+        """The reply to one body's engine requests (one per prompt): chat / completion JSON or SSE
+        chunks, or (with `shape`) the Responses API's object or events."""
         if body.user or body.safety_identifier:
             logger.debug("request for user %r", body.user or body.safety_identifier)
-        stream = await self.engine.add(prompt, params)
+        batch = await RequestBatch.start(self.engine, requests, fmt)
         if body.stream:
-            chunks = _chunks(stream, fmt, params.n, body.include_usage)
-            return _EngineStreamResponse(shape.events(chunks) if shape else _sse(chunks), stream)
+            chunks = batch.chunks(body.include_usage)
+            return _EngineStreamResponse(shape.events(chunks) if shape else _sse(chunks), batch)
         try:
-            final = await _unless_disconnected(request, _last(stream))
+            finals = await _unless_disconnected(request, asyncio.gather(*(_last(stream) for stream in batch.streams)))
         finally:
-            stream.abort()
-        if final is None:
+            batch.abort()
+        if finals is None:
             return Response(status_code=499)
-        return await self.offload(lambda: JSONResponse(shape.body(fmt.body(final)) if shape else fmt.body(final)))
+        return await self.offload(lambda: JSONResponse(shape.body(batch.body(finals)) if shape else batch.body(finals)))
 
 
 def json_body(model: type[BaseModel]) -> dict:
@@ -119,7 +118,7 @@ def _server(request: Request) -> Server:
 class _EngineStreamResponse(StreamingResponse):
     """An SSE response that aborts its request however it ends (done, disconnect, shutdown)."""
 
-    def __init__(self, content: AsyncIterator[str], stream: RequestStream | CompletionBatch) -> None:
+    def __init__(self, content: AsyncIterator[str], stream: RequestBatch) -> None:
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._stream = stream
 
@@ -132,25 +131,6 @@ class _EngineStreamResponse(StreamingResponse):
 
 def _event(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-async def _chunks(stream: RequestStream, fmt: Format, n: int, include_usage: bool) -> AsyncIterator[dict]:
-    """The stream's chunks as they come, then the usage chunk; an error body if the request fails."""
-    sent = [StreamState() for _ in range(n)]
-    try:
-        async for output in stream:
-            chunks = stream_chunks(fmt, output, sent)
-            for chunk in chunks:
-                if include_usage:
-                    chunk["usage"] = None
-            if output.finished and not include_usage and chunks:
-                chunks[-1]["llmpipe_timing"] = output.metrics.timing_breakdown()
-            for chunk in chunks:
-                yield chunk
-            if output.finished and include_usage:
-                yield fmt.usage_chunk(output)
-    except LLMPipeError as err:  # the engine failed it, or the server is shutting down
-        yield llmpipe_error_body(err)
 
 
 async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
@@ -185,21 +165,8 @@ async def _disconnected(request: Request) -> None:
 
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
-    """One engine request per prompt of the body, answered as one reply (see server/completion_batch.py)."""
     server = _server(request)
-    body, requests, fmt = await server.offload(server.inputs.completion, await request.body())
-    if body.user or body.safety_identifier:
-        logger.debug("request for user %r", body.user or body.safety_identifier)
-    batch = await CompletionBatch.start(server.engine, requests, fmt)
-    if body.stream:
-        return _EngineStreamResponse(_sse(batch.chunks(body.include_usage)), batch)
-    try:
-        finals = await _unless_disconnected(request, asyncio.gather(*(_last(stream) for stream in batch.streams)))
-    finally:
-        batch.abort()
-    if finals is None:
-        return Response(status_code=499)
-    return await server.offload(lambda: JSONResponse(batch.body(finals)))
+    return await server.respond(request, *await server.offload(server.inputs.completion, await request.body()))
 
 
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))

@@ -154,7 +154,7 @@ class InputProcessor:
         tools.apply(params)
         fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
                          token_bytes=self._tokenizer.token_bytes if self._tokenizer else None, tool_parser=tools.parser)
-        return body, prompt, params, fmt
+        return body, [(prompt, replace(params, prompt_logprobs=body.prompt_logprobs))], fmt
 
     def response(self, raw: bytes) -> tuple:
         """A Responses API body, run as the chat completion it amounts to (see server/responses.py)."""

@@ -72,7 +72,7 @@ class Format:
 
 @dataclass
 class CompletionFormat(Format):
-    echo: bool = False  # each choice's text and logprobs start with its prompt's (server/completion_batch.py)
+    echo: bool = False  # each choice's text and logprobs start with its prompt's (server/request_batch.py)
     decode: Callable[[list[int]], str] | None = None  # token ids → text (special tokens kept), for echo
     object: ClassVar[str] = "text_completion"
     chunk_object: ClassVar[str] = "text_completion"

@@ -463,11 +463,14 @@ class ChatCompletionRequest(SamplingFields):
         "named tool: enforced by structured outputs"
     )
     parallel_tool_calls: bool | None = Field(None, description="false: at most one call")
+    prompt_logprobs: int | None = Field(
+        None, ge=0, le=MAX_LOGPROBS,
+        description="the reply carries the top-N logprobs of every prompt token (vLLM's); not when streaming",
+    )
     REFUSED: ClassVar[dict[str, Refused]] = {
         **REFUSED_SAMPLING,
         **REFUSED_CHAT,
         "echo": Refused("echo is " + NOT_YET, (None, False)),
-        "prompt_logprobs": Refused(NOT_YET),
         "modalities": Refused("only text output is supported", (None, ["text"])),
         "audio": Refused("audio output is not supported"),
         "prediction": Refused("predicted outputs are not supported"),
@@ -480,6 +483,8 @@ class ChatCompletionRequest(SamplingFields):
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise InvalidRequestError("top_logprobs: only allowed when logprobs is true", param="top_logprobs")
+        if self.prompt_logprobs is not None and self.stream:  # vLLM's rule
+            raise InvalidRequestError("prompt_logprobs: not available when stream is true", param="prompt_logprobs")
         check_messages(self.messages)
         check_tools(self.tools)
         self.check_tool_choice()

@@ -85,6 +85,7 @@ SUPPORTED_EXAMPLES = {
         "tools": Fields(tools=WEATHER_TOOLS, tool_choice="none"),
         "tool_choice": Fields(tools=WEATHER_TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
         "parallel_tool_calls": Fields(tools=WEATHER_TOOLS, tool_choice="required", parallel_tool_calls=False),
+        "prompt_logprobs": Fields(prompt_logprobs=1, stream=None),
     },
     "/tokenize": {
         "model": TINY_MODEL,

@@ -198,3 +198,19 @@ def test_echo_of_a_truncated_prompt_is_the_text_of_the_tokens_kept(url, referenc
                     temperature=0, min_tokens=2)
     kept = ids[-4:]
     assert body["choices"][0]["text"] == tokenizer.decode(kept, skip_special_tokens=False) + tokenizer.decode(greedy(model, kept, 2))
+
+
+def test_a_chat_reply_carries_its_prompt_logprobs_once_as_vllm_does(url, reference):
+    model, tokenizer = reference
+    messages = [{"role": "user", "content": "how does inference work?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    body = {"model": TINY_MODEL, "messages": messages, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1}
+    reply = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).json()
+    entries, expected = reply["prompt_logprobs"], log_softmax(model, ids)
+    assert len(entries) == len(ids) and entries[0] is None
+    for position in range(1, len(ids)):
+        item = entries[position][str(ids[position])]
+        assert abs(item["logprob"] - float(expected[position - 1, ids[position]])) <= TOLERANCE
+    assert all("prompt_logprobs" not in choice for choice in reply["choices"])
+    streamed = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"

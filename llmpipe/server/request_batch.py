@@ -1,10 +1,12 @@
-"""One completions request as one reply, however many prompts it sends.
+"""One request's engine requests as one reply: a chat completion's (one prompt), or a completions
+request's, however many prompts it sends.
 
 Each prompt of the body is an engine request of its own; the reply lists their choices indexed
 `prompt_index * n + sample_index` (OpenAI's order), sums their usage, and streams their chunks as
 they come. `echo` puts the prompt before each choice's text, token by token in its logprobs (the
 first prompt token's are null: nothing comes before it), as OpenAI's legacy completions and vLLM do.
-Choices also carry vLLM's `prompt_logprobs` when the request asked for them.
+Choices also carry vLLM's `prompt_logprobs` when the request asked for them (a chat reply carries
+them once, at its top level, as vLLM's does).
 """
 
 from __future__ import annotations
@@ -17,21 +19,21 @@ from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import Logprob, RequestOutput
 from llmpipe.server.async_engine import AsyncEngine, RequestStream
 from llmpipe.server.errors import llmpipe_error_body
-from llmpipe.server.openai_format import CompletionFormat, StreamState, stream_chunks, usage
+from llmpipe.server.openai_format import CompletionFormat, Format, StreamState, stream_chunks, usage
 from llmpipe.sampling_params import SamplingParams
 
 MIN_LOGPROB = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 
 
 @dataclass
-class CompletionBatch:
+class RequestBatch:
     streams: list[RequestStream]
-    fmt: CompletionFormat
+    fmt: Format
     n: int
     with_prompt_logprobs: bool  # the requests compute prompt logprobs (asked for, or for echo's logprobs)
 
     @classmethod
-    async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams]], fmt: CompletionFormat):
+    async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams]], fmt: Format):
         """Queue every prompt's request; if one is refused, those already queued are aborted."""
         streams: list[RequestStream] = []
         try:
@@ -50,8 +52,16 @@ class CompletionBatch:
 
     def body(self, finals: list[RequestOutput]) -> dict:
         choices = [choice for p, output in enumerate(finals) for choice in self._choices(p, output)]
-        return {**self.fmt._envelope(self.fmt.object, choices), "usage": summed_usage(finals),
-                "llmpipe_timing": _timing(finals)}
+        reply = {**self.fmt._envelope(self.fmt.object, choices), "usage": summed_usage(finals),
+                 "llmpipe_timing": _timing(finals)}
+        if self.with_prompt_logprobs and not self._per_choice:
+            reply["prompt_logprobs"] = prompt_logprobs_json(finals[0].prompt_logprobs)
+        return reply
+
+    @property
+    def _per_choice(self) -> bool:
+        """Whether prompt logprobs ride on each choice (completions) or once on the reply (chat)."""
+        return isinstance(self.fmt, CompletionFormat)
 
     def _choices(self, p: int, output: RequestOutput) -> list[dict]:
         shown = self._shown(output) or output
@@ -61,7 +71,7 @@ class CompletionBatch:
     def _indexed(self, p: int, choice: dict, output: RequestOutput, with_prompt_logprobs: bool) -> dict:
         """choice as the reply lists it: indexed among all prompts' choices, and its prompt logprobs."""
         choice["index"] += p * self.n
-        if with_prompt_logprobs:
+        if with_prompt_logprobs and self._per_choice:
             choice["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs)
         return choice
 
@@ -70,7 +80,7 @@ class CompletionBatch:
         still coming (they arrive whole once the prompt is computed)."""
         if self.with_prompt_logprobs and output.prompt_logprobs is None:
             return None
-        return echoed(output, self.fmt) if self.fmt.echo else output
+        return echoed(output, self.fmt) if isinstance(self.fmt, CompletionFormat) and self.fmt.echo else output
 
     async def chunks(self, include_usage: bool) -> AsyncIterator[dict]:
         """Every prompt's chunks as its outputs come, then (include_usage) one usage chunk for all."""
