@@ -10,6 +10,7 @@ from llmpipe.loader.deepseek_v4_config import deepseek_v4_config
 from llmpipe.loader.gemma3_defaults import GEMMA3_DEFAULTS, gemma3_layer_types
 
 SUPPORTED_MODEL_TYPES = (*LLAMA_FAMILY, "gemma3_text", *DEEPSEEK_V4_FAMILY)
+from llmpipe.layers.activation import check_activation
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.files import read_json
 
@@ -54,7 +55,8 @@ def hf_model_config(directory: Path) -> ModelConfig:
         attention_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
         qk_norm=model_type in ("qwen3", "gemma3_text"),
         sliding_window=_sliding_window(cfg),
-        hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
+        # Gemma's configs carry both; transformers' Gemma reads hidden_activation
+        hidden_act=check_activation(cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu", config_path),
         bos_token_id=_first(cfg.get("bos_token_id"), generation.get("bos_token_id")),
         eos_token_ids=_token_ids(cfg.get("eos_token_id"), generation.get("eos_token_id")),
         **gemma3,

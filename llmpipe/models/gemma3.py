@@ -10,7 +10,6 @@ query_pre_attn_scalar^-1/2. Parameter names follow Hugging Face, q/k/v and gate/
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from llmpipe.config import ModelConfig
@@ -29,12 +28,6 @@ class Gemma3Attention(LlamaAttention):
         self.window = cfg.layer_window(layer)
 
 
-class Gemma3MLP(LlamaMLP):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
-
-
 class Gemma3DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -42,7 +35,7 @@ class Gemma3DecoderLayer(nn.Module):
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
         self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
         self.self_attn = Gemma3Attention(cfg, layer)
-        self.mlp = Gemma3MLP(cfg)
+        self.mlp = LlamaMLP(cfg)  # GELU-tanh: the config's hidden_act
         # Local layers take the local RoPE base even when their window is disabled (disable_sliding_window).
         self.is_local = cfg.layer_types is not None and cfg.layer_types[layer] == "sliding_attention"
 
