@@ -114,7 +114,11 @@ class SamplingParams:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def check_token_ids(self, vocab_size: int) -> None:
-        """Every token id the request names (stop ids, logit_bias keys) is in the model's vocabulary."""
+        """Every token id the request names (stop ids, logit_bias keys) is in the model's vocabulary,
+        and it asks for no more logprobs per position than the vocabulary has."""
+        for name in ("logprobs", "prompt_logprobs"):
+            _check(getattr(self, name) is None or getattr(self, name) <= vocab_size, name,
+                   f"<= the vocabulary size ({vocab_size})", getattr(self, name))
         for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or ()))):
             bad = [t for t in ids if not 0 <= t < vocab_size]
             if bad:

@@ -298,17 +298,20 @@ class EngineCore:
         self.num_prefill_tokens += sum(item.num_tokens for item in batch.prefills)
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
-        self._record_prompt_logprobs(logits[starts[-1] :], prompt_positions)
+        failed = self._record_prompt_logprobs(logits[starts[-1] :], prompt_positions)
         rows, seqs = self._with_forked_siblings(sampled)
         self._sample_and_append(seqs, logits, [(starts[r], widths[r]) for r in rows], proposals)
         if not self.config.kv_cache:
             self.scheduler.forget_computed(seqs)
         timestamp = time.perf_counter()
-        advanced = dict.fromkeys(seqs + [item.seq for item in batch.prefills])
+        advanced = dict.fromkeys(seqs + [item.seq for item in batch.prefills] + failed)
         return EngineCoreOutputs(self._collect_outputs(advanced), timestamp)
 
-    def _record_prompt_logprobs(self, logits: torch.Tensor, positions: list[tuple[Sequence, range]]) -> None:
-        """logits: the prompt-logprob rows the runner appended, positions[i]'s after positions[i - 1]'s."""
+    def _record_prompt_logprobs(self, logits: torch.Tensor, positions: list[tuple[Sequence, range]]) -> list[Sequence]:
+        """logits: the prompt-logprob rows the runner appended, positions[i]'s after positions[i - 1]'s.
+        A request whose prompt logprobs fail fails whole: its other samples would start from this one's
+        blocks. Returns the samples failed."""
+        failed: list[Sequence] = []
         first = 0
         for seq, span in positions:
             rows, first = logits[first : first + len(span)], first + len(span)
@@ -322,8 +325,12 @@ class EngineCore:
                         ranked_logprobs(part, targets[at : at + PROMPT_LOGPROB_SLICE], seq.params.prompt_logprobs))
             except Exception:  # one sequence's fault must not sink the batch
                 logger.exception("request %s failed computing its prompt logprobs; the others go on", seq.request_id)
-                seq.fail("the engine failed computing this request's prompt logprobs")
-                self._release(seq)
+                for sample in self.requests[seq.request_id].sequences:
+                    if not sample.finished:
+                        sample.fail("the engine failed computing this request's prompt logprobs")
+                        self._release(sample)
+                        failed.append(sample)
+        return failed
 
     def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
         """Draft tokens for this step's decodes, each capped so it cannot run past max_tokens or the
@@ -387,7 +394,7 @@ class EngineCore:
         if not seqs:
             return
         emitted: list[tuple[list[int], list]] = [([], [])] * len(seqs)
-        for seq in seqs:
+        for seq in seqs if self.structured.active else ():
             error = self.structured.prepare(seq)
             if error is not None:
                 seq.fail(error)

@@ -66,6 +66,11 @@ class StructuredOutputManager:
     def forget_request(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
+    @property
+    def active(self) -> bool:
+        """Whether any request in the engine has a constraint."""
+        return bool(self._requests)
+
     def is_ready(self, seq: Sequence) -> bool:
         """Whether seq may be scheduled: unconstrained, or its grammar compiled (or failed to)."""
         future = self._requests.get(seq.request_id)
@@ -99,8 +104,10 @@ class StructuredOutputManager:
     def fill_bitmasks(self, seqs: list[Sequence]) -> list[np.ndarray | None]:
         """The bitmask (int32 words, bit i of the row: token i allowed) of each constrained seq's
         next token, every row filled in one parallel call; None for an unconstrained seq."""
-        rows = [i for i, seq in enumerate(seqs) if seq in self._matchers]
         masks: list[np.ndarray | None] = [None] * len(seqs)
+        if not self._matchers:  # the common case: nothing constrained
+            return masks
+        rows = [i for i, seq in enumerate(seqs) if seq in self._matchers]
         if not rows:
             return masks
         bitmask = np.zeros((len(rows), self.words), dtype=np.int32)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from llmpipe import LLM, SamplingParams
+from llmpipe import LLM, InvalidRequestError, SamplingParams
 
 PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150] * 2
 TOP_N = 3
@@ -81,3 +81,35 @@ def test_n_samples_share_one_set_of_prompt_logprobs(path, reference):
 def test_prompt_logprobs_must_be_non_negative():
     with pytest.raises(Exception, match="prompt_logprobs"):
         SamplingParams(prompt_logprobs=-1)
+
+
+@pytest.mark.parametrize("budget", [4096, 16], ids=["final-chunk", "earlier-chunk"])
+def test_failing_prompt_logprobs_fail_every_sample_of_that_request_alone(path, monkeypatch, budget):
+    """n > 1 samples start from sample 0's blocks: when its prompt logprobs fail, the whole request
+    fails (no sibling forked from freed blocks, none left waiting forever); the others go on."""
+    from llmpipe.engine import core
+
+    def failing(logprobs, targets, n):
+        raise RuntimeError("injected")
+
+    llm = LLM(path, progress=False, max_num_batched_tokens=budget)
+    monkeypatch.setattr(core, "ranked_logprobs", failing)
+    engine = llm.engine
+    engine.add_request("bad", PROMPT, SamplingParams(n=2, max_tokens=4, prompt_logprobs=1, temperature=0.0))
+    engine.add_request("good", PROMPT[:6], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    finished = {}
+    for _ in range(64):  # a hang guard: both finish within a few steps
+        finished.update((out.request_id, out) for out in engine.step() if out.finished)
+        if not engine.has_unfinished_requests():
+            break
+    assert [c.finish_reason for c in finished["bad"].outputs] == ["error", "error"]
+    assert all("prompt logprobs" in c.error for c in finished["bad"].outputs)
+    assert len(finished["good"].outputs[0].token_ids) == 4
+    assert engine.core.block_manager.num_free_blocks == engine.core.block_manager.num_blocks
+
+
+def test_more_logprobs_than_the_vocabulary_has_is_refused(path):
+    llm = LLM(path, progress=False)
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(InvalidRequestError, match=name):
+            llm.generate([{"prompt_token_ids": PROMPT}], SamplingParams(**{name: 10**6}), use_tqdm=False)
