@@ -25,8 +25,6 @@ def _top(entry: dict[int, Logprob], k: int) -> list[tuple[int, Logprob]]:
     return sorted(((tid, lp) for tid, lp in entry.items() if lp.rank <= k), key=lambda item: item[1].rank)[:k]
 
 
-
-
 @dataclass
 class Format:
     """What completions and chat completions share; subclasses shape each choice."""
@@ -43,19 +41,8 @@ class Format:
     def _envelope(self, obj: str, choices: list[dict]) -> dict:
         return {"id": self.request_id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def body(self, output: RequestOutput) -> dict:
-        choices = [self.full_choice(choice) for choice in output.outputs]
-        return {
-            **self._envelope(self.object, choices),
-            "usage": usage(output),
-            "llmpipe_timing": output.metrics.timing_breakdown(),
-        }
-
     def chunk(self, choices: list[dict]) -> dict:
         return self._envelope(self.chunk_object, choices)
-
-    def usage_chunk(self, output: RequestOutput) -> dict:
-        return {**self.chunk([]), "usage": usage(output), "llmpipe_timing": output.metrics.timing_breakdown()}
 
     def _token(self, token_id: int, lp: Logprob) -> str:
         if self.tokens_as_ids:

@@ -389,6 +389,9 @@ class ToolCallParam(_Body):
     id: Text
     type: Literal["function"]
     function: FunctionCall
+    index: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="the call's place in a streamed reply (sent back by clients that rebuilt it): ignored"
+    )
 
     def check_arguments(self) -> None:
         try:
@@ -421,7 +424,7 @@ class ChatMessage(_Body):
             content = "".join(part.text for part in content)
         extra = {key: getattr(self, key) for key in ("name", "tool_call_id") if getattr(self, key)}
         if self.tool_calls:
-            extra["tool_calls"] = [call.model_dump() for call in self.tool_calls]  # arguments parsed by the template's renderer
+            extra["tool_calls"] = [call.model_dump(exclude={"index"}) for call in self.tool_calls]  # arguments parsed by the template's renderer
         return {"role": self.role, "content": content or "", **extra}
 
     def check_supported(self) -> None:

@@ -30,10 +30,13 @@ def chat_error(err: InvalidRequestError) -> InvalidRequestError:
     """A chat completions error, naming the Responses field it came from."""
     param = err.param or ""
     head, _, rest = param.partition(".")
-    name = CHAT_PARAMS.get(head.split("[")[0])
+    field = head.split("[")[0]
+    name = CHAT_PARAMS.get(field)
     if name is None:
         return err
-    message = str(err).replace(head.split("[")[0], name, 1)
+    if field != head:  # messages[i]: i counts chat messages, not input items (instructions, merged calls)
+        rest = ""
+    message = str(err).replace(head if field != head else field, name, 1)
     return InvalidRequestError(message, param=name + (f".{rest}" if rest else ""), code=err.code)
 
 
@@ -211,7 +214,7 @@ def responses_usage(usage: dict) -> dict:
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {
         "input_tokens": usage["prompt_tokens"],
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": usage["completion_tokens"],
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage["total_tokens"],

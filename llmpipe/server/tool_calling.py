@@ -49,12 +49,16 @@ def tool_calling(body: ChatCompletionRequest, parser_name: str | None, template:
         return ToolCalling()
     tools = template_tools(body.tools)
     single = body.parallel_tool_calls is False
-    if mode == "required":
-        return ToolCalling(RequiredToolParser(), _json(required_schema(tools, parallel=not single)))
-    if mode == "named":
-        tool = body.named_tool()
-        return ToolCalling(NamedToolParser(tool["function"]["name"]), _json(named_schema(tool)))
     name = parser_name or parser_for_template(template)
+    if mode in ("required", "named"):
+        if mode == "required":
+            forced, schema = RequiredToolParser(), required_schema(tools, parallel=not single)
+        else:
+            tool = body.named_tool()
+            forced, schema = NamedToolParser(tool["function"]["name"]), named_schema(tool)
+        if name is not None:  # call ids the model's own template accepts back (Mistral's: 9 characters)
+            forced.new_id = get_tool_parser(name).new_id
+        return ToolCalling(forced, _json(schema))
     if name is None:
         raise InvalidRequestError(
             "tools: this model's chat template shows no tool-call format llmpipe can read, so calls would be lost; "

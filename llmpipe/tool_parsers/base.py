@@ -8,7 +8,7 @@ import string
 import uuid
 from dataclasses import dataclass, field
 
-from llmpipe.tool_parsers.json_calls import CallSoFar
+from llmpipe.tool_parsers.json_calls import CallSoFar, scan_memo
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,7 @@ class ToolCallStream:
         self.parser = parser
         self.content_sent = 0
         self.calls: list[_SentCall] = []
+        self.scans: dict[int, tuple[int, int]] = {}  # json_calls.scan_memo of this stream's text
 
     @property
     def called(self) -> bool:
@@ -97,7 +98,15 @@ class ToolCallStream:
         """OpenAI delta fields for the text so far (the whole text, not the new part): `content`
         and/or `tool_calls` ([{index, id, type, function: {name, arguments}}], the id, type and name
         only on a call's first delta), or {} when nothing new is certain."""
-        reading = self.parser.read(text, final=finished)
+        token = scan_memo.set(self.scans)
+        try:
+            reading = self.parser.read(text, final=finished)
+            if finished and self.calls and not reading.calls:
+                # The ending turned out malformed, but calls were already sent: a stream cannot take
+                # them back, so it ends as it went (not with the whole text again as content).
+                reading = self.parser.read(text, final=False)
+        finally:
+            scan_memo.reset(token)
         delta: dict = {}
         content = reading.content or ""
         if len(content) > self.content_sent:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 # The shape models are taught: the name first, then the arguments (Llama 3 calls them "parameters").
@@ -32,18 +33,33 @@ def skip_space(text: str, pos: int) -> int:
     return _SPACE.match(text, pos).end()
 
 
+# A stream re-reads its growing text at every step; each open value's scan resumes where the last
+# one stopped (text only grows, so what was scanned stays as it was), which keeps a long call linear.
+# ToolCallStream sets it for the duration of one read: {value start: (position reached, depth there)}.
+scan_memo: ContextVar[dict[int, tuple[int, int]] | None] = ContextVar("scan_memo", default=None)
+
+
 def value_end(text: str, start: int) -> int | None:
     """Where the JSON object or array starting at `start` closes, or None if it is still open."""
-    depth = 0
-    for match in _JSON_TOKENS.finditer(text, start):
+    memo = scan_memo.get()
+    pos, depth = memo.get(start, (start, 0)) if memo is not None else (start, 0)
+    if pos > len(text):  # the text was cut short of what was scanned (a parser's slice): start over
+        pos, depth = start, 0
+    for match in _JSON_TOKENS.finditer(text, pos):
         token = match.group()
-        if token == '"':
-            return None
+        if token == '"':  # an unterminated string: resume at its quote
+            pos = match.start()
+            break
+        pos = match.end()
         if token[0] == '"':
             continue
         depth += 1 if token in "{[" else -1
         if depth == 0:
             return match.end()
+    else:
+        pos = len(text)
+    if memo is not None:
+        memo[start] = (pos, depth)
     return None
 
 
@@ -57,7 +73,9 @@ def read_call(text: str, start: int) -> CallSoFar | None:
     head = _NAME_THEN_ARGUMENTS.match(text, start)
     if head is None:
         return _whole_object(text, start)
-    name = json.loads(f'"{head.group(1)}"')
+    name = json_string(head.group(1))
+    if name is None:  # not a name JSON can spell (a stray escape): no call
+        return None
     begin = head.end()
     if begin == len(text):
         return CallSoFar(name, "")
@@ -80,6 +98,8 @@ def read_call(text: str, start: int) -> CallSoFar | None:
 
 def _whole_object(text: str, start: int, known_name: str | None = None) -> CallSoFar | None:
     """A call read only once its object is complete (keys in another order, scalar arguments)."""
+    if value_end(text, start) is None:  # still open (checked first: a scan resumes, a decode does not)
+        return CallSoFar(known_name, "")
     try:
         obj, end = json.JSONDecoder().raw_decode(text, start)
     except json.JSONDecodeError:
@@ -112,6 +132,17 @@ def read_call_array(text: str, start: int) -> tuple[list[CallSoFar], int | None]
         if text[pos] != ",":
             return None
         pos = skip_space(text, pos + 1)
+
+
+def json_string(body: str) -> str | None:
+    """The string whose JSON text (without quotes) is `body`; None when that is not valid JSON or
+    holds a lone surrogate."""
+    try:
+        value = json.loads(f'"{body}"')
+        value.encode("utf-8")
+    except (json.JSONDecodeError, UnicodeEncodeError):
+        return None
+    return value
 
 
 def is_json(text: str) -> bool:

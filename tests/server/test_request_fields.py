@@ -287,3 +287,12 @@ def test_a_long_tokenize_reply_equals_the_tokenizer_output(url, tiny_llm):
     expected = tokenizer.backend.encode(text).ids  # the library's own output
     assert reply["tokens"] == expected and reply["count"] == len(expected) > 65_536
     assert reply["token_strs"] == [tokenizer.backend.id_to_token(t) for t in expected]
+
+
+def test_a_history_tool_call_may_carry_its_stream_index_which_the_template_never_sees():
+    from llmpipe.server.protocol import ChatMessage
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [call]})
+    message.check_supported()
+    assert message.as_template_input()["tool_calls"] == [{k: v for k, v in call.items() if k != "index"}]

@@ -177,3 +177,52 @@ def test_an_unknown_parser_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="hermes, llama3_json, mistral"):
         get_tool_parser("nope")
     assert set(TOOL_PARSERS) == {"hermes", "llama3_json", "mistral"}
+
+
+@pytest.mark.parametrize("name, head", [("hermes", '<tool_call>{"name": "f", "arguments": {"a": '),
+                                        ("llama3_json", '{"name": "f", "parameters": {"a": ')])
+def test_a_long_streamed_call_is_scanned_once_not_once_per_step(monkeypatch, name, head):
+    """Each step resumes the open arguments' scan where the last stopped: the JSON tokens visited over
+    a whole stream stay a small multiple of the tokens in it (re-reading it all would be ~ steps x tokens)."""
+    from llmpipe.tool_parsers import json_calls
+
+    visited = 0
+    tokens = json_calls._JSON_TOKENS
+
+    class Counting:
+        def finditer(self, text, pos):
+            nonlocal visited
+            for match in tokens.finditer(text, pos):
+                visited += 1
+                yield match
+
+    monkeypatch.setattr(json_calls, "_JSON_TOKENS", Counting())
+    body = "[" * 2000 + '"x", ' * 1000
+    stream, text = get_tool_parser(name).stream(), head
+    for i in range(0, len(body), 3):
+        text += body[i : i + 3]
+        stream.extract_delta(text, finished=False)
+    assert stream.called
+    assert visited <= 3 * (2000 + 1000)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("hermes", 'Hi <tool_call>{"name": "f", "arguments": {"a": 1'),
+    ("llama3_json", '{"name": "f", "parameters": {"a": [1, 2'),
+])
+def test_a_stream_cut_inside_a_call_does_not_resend_it_as_content(name, text):
+    stream, deltas = get_tool_parser(name).stream(), []
+    for end in range(1, len(text) + 1):
+        deltas.append(stream.extract_delta(text[:end], finished=end == len(text)))
+    content = "".join(d.get("content", "") for d in deltas)
+    arguments = "".join(c["function"]["arguments"] for d in deltas for c in d.get("tool_calls", ()))
+    assert stream.called and '"name"' not in content
+    assert text.endswith(arguments) and content + arguments != text  # the call went once, as a call
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3_json"])
+def test_a_name_json_cannot_spell_is_no_call_and_no_error(name):
+    text = {"hermes": '<tool_call>{"name": "get\\_weather", "arguments": {}}</tool_call>',
+            "llama3_json": '{"name": "get\\_weather", "parameters": {}}'}[name]
+    content, calls = get_tool_parser(name).extract(text)
+    assert calls == [] and content == text
