@@ -325,11 +325,11 @@ class EngineCore:
                         ranked_logprobs(part, targets[at : at + PROMPT_LOGPROB_SLICE], seq.params.prompt_logprobs))
             except Exception:  # one sequence's fault must not sink the batch
                 logger.exception("request %s failed computing its prompt logprobs; the others go on", seq.request_id)
-                for sample in self.requests[seq.request_id].sequences:
-                    if not sample.finished:
-                        sample.fail("the engine failed computing this request's prompt logprobs")
-                        self._release(sample)
-                        failed.append(sample)
+                for sibling in self.requests[seq.request_id].sequences:
+                    if not sibling.finished:
+                        sibling.fail("the engine failed computing this request's prompt logprobs")
+                        self._release(sibling)
+                        failed.append(sibling)
         return failed
 
     def _propose(self, batch: SchedulerOutput) -> dict[Sequence, Proposal]:
