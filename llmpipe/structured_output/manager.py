@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import llguidance
+from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
 import numpy as np
 
 from llmpipe.errors import InvalidRequestError
@@ -111,9 +112,8 @@ class StructuredOutputManager:
         if not rows:
             return masks
         bitmask = np.zeros((len(rows), self.words), dtype=np.int32)
-        self._executor_for().unsafe_compute_mask_ptr(
-            [(self._matchers[seqs[i]], j) for j, i in enumerate(rows)], bitmask.ctypes.data, self.words * 4, len(rows)
-        )
+        fill_next_token_bitmask_par(self._executor_for(), [(self._matchers[seqs[i]], j) for j, i in enumerate(rows)],
+                                    bitmask)
         for j, i in enumerate(rows):
             masks[i] = bitmask[j]
         return masks
@@ -131,7 +131,7 @@ class StructuredOutputManager:
             if row > consumed:  # the previous draft was rejected
                 bitmask[row] = bitmask[row - 1]
                 continue
-            matcher.unsafe_compute_mask_ptr(bitmask[row].ctypes.data, self.words * 4)
+            fill_next_token_bitmask(matcher, bitmask, row)
             if row < len(drafts) and not matcher.is_stopped() and matcher.try_consume_tokens([drafts[row]]) == 1:
                 consumed += 1
         if consumed:
