@@ -75,8 +75,15 @@ def topn_logprobs(raw: torch.Tensor, chosen: list[int], rows: Sequence[SamplingR
     if all(n is None for n in wanted):
         return [None] * len(rows)
     logprobs = raw.float().log_softmax(dim=-1)
-    return [None if n is None else ranked_logprobs(logprobs[i : i + 1], chosen[i : i + 1], n)[0]
-            for i, n in enumerate(wanted)]
+    by_n: dict[int, list[int]] = {}  # rows asking the same top-n share one gather and topk
+    for i, n in enumerate(wanted):
+        if n is not None:
+            by_n.setdefault(n, []).append(i)
+    result: list = [None] * len(rows)
+    for n, group in by_n.items():
+        for i, entry in zip(group, ranked_logprobs(logprobs[group], [chosen[i] for i in group], n)):
+            result[i] = entry
+    return result
 
 
 def ranked_logprobs(logprobs: torch.Tensor, chosen: Sequence[int], n: int) -> list[tuple[float, int, list[tuple[int, float]]]]:
