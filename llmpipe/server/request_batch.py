@@ -12,7 +12,7 @@ them once, at its top level, as vLLM's does).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator
 
 from llmpipe.errors import LLMPipeError
@@ -31,6 +31,7 @@ class RequestBatch:
     fmt: Format
     n: int
     with_prompt_logprobs: bool  # the requests compute prompt logprobs (asked for, or for echo's logprobs)
+    echo_texts: dict[int, str] = field(default_factory=dict)  # prompt index → its echoed text, decoded once
 
     @classmethod
     async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams]], fmt: Format):
@@ -64,7 +65,7 @@ class RequestBatch:
         return isinstance(self.fmt, CompletionFormat)
 
     def _choices(self, p: int, output: RequestOutput) -> list[dict]:
-        shown = self._shown(output) or output
+        shown = self._shown(p, output) or output
         return [self._indexed(p, self.fmt.full_choice(choice), output, self.with_prompt_logprobs)
                 for choice in shown.outputs]
 
@@ -75,12 +76,16 @@ class RequestBatch:
             choice["prompt_logprobs"] = prompt_logprobs_json(output.prompt_logprobs)
         return choice
 
-    def _shown(self, output: RequestOutput) -> RequestOutput | None:
-        """The output as the client sees it (echoed if asked); None while its prompt logprobs are
-        still coming (they arrive whole once the prompt is computed)."""
+    def _shown(self, p: int, output: RequestOutput) -> RequestOutput | None:
+        """Prompt p's output as the client sees it (echoed if asked); None while its prompt logprobs
+        are still coming (they arrive whole once the prompt is computed)."""
         if self.with_prompt_logprobs and output.prompt_logprobs is None:
             return None
-        return echoed(output, self.fmt) if isinstance(self.fmt, CompletionFormat) and self.fmt.echo else output
+        if not (isinstance(self.fmt, CompletionFormat) and self.fmt.echo):
+            return output
+        if p not in self.echo_texts:  # a token-id prompt is decoded once, not at every step of its stream
+            self.echo_texts[p] = echo_text(output, self.fmt)
+        return echoed(output, self.echo_texts[p])
 
     async def chunks(self, include_usage: bool) -> AsyncIterator[dict]:
         """Every prompt's chunks as its outputs come, then (include_usage) one usage chunk for all."""
@@ -89,7 +94,7 @@ class RequestBatch:
         try:
             async for p, output in _merged(self.streams):
                 finals[p] = output if output.finished else None
-                shown = self._shown(output)
+                shown = self._shown(p, output)
                 if shown is None:
                     continue
                 fresh = {i for i, state in enumerate(sent[p]) if not state.started}
@@ -109,10 +114,16 @@ class RequestBatch:
             yield llmpipe_error_body(err)
 
 
-def echoed(output: RequestOutput, fmt: CompletionFormat) -> RequestOutput:
-    """output with its prompt before each choice: text, token ids and (with logprobs) their logprobs."""
+def echo_text(output: RequestOutput, fmt: CompletionFormat) -> str:
+    """The text echo puts first: the prompt as sent, or its token ids decoded."""
+    if output.prompt is not None:
+        return output.prompt
+    return fmt.decode(output.prompt_token_ids) if fmt.decode else ""
+
+
+def echoed(output: RequestOutput, text: str) -> RequestOutput:
+    """output with its prompt (`text`) before each choice: text, token ids and (with logprobs) their logprobs."""
     prompt_ids = output.prompt_token_ids
-    text = output.prompt if output.prompt is not None else (fmt.decode(prompt_ids) if fmt.decode else "")
     choices = []
     for choice in output.outputs:
         logprobs = choice.logprobs
