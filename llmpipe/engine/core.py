@@ -26,7 +26,7 @@ import torch
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
 from llmpipe.engine.block_manager import BlockManager, BlockTable
-from llmpipe.engine.compressed_kv_cache import check_supported
+from llmpipe.models.deepseek_v4.cache import check_supported
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner

@@ -8,7 +8,7 @@ import torch
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import LLMPipeError
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
-from llmpipe.engine.compressed_kv_cache import CompressedKVCache, CompressedKVLayout, check_supported, compressed_kv_layout
+from llmpipe.models.deepseek_v4.cache import CompressedKVCache, CompressedKVLayout, check_supported, compressed_kv_layout
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
 
 

@@ -10,7 +10,7 @@ from gguf import GGUFReader
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
-from llmpipe.loader.gemma3_defaults import GEMMA3_DEFAULTS, gemma3_layer_types
+from llmpipe.models.gemma3.config import GEMMA3_DEFAULTS, gemma3_layer_types
 from llmpipe.loader.gguf_file import find_tensor, metadata, tensor_shape
 from llmpipe.loader.gguf_names import gguf_architecture
 from llmpipe.loader.gguf_quants import dequantize

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from llmpipe.config import DEEPSEEK_V4_FAMILY, LLAMA_FAMILY, ModelConfig
-from llmpipe.loader.deepseek_v4_config import deepseek_v4_config
-from llmpipe.loader.gemma3_defaults import GEMMA3_DEFAULTS, gemma3_layer_types
+from llmpipe.models.deepseek_v4.config import deepseek_v4_config
+from llmpipe.models.gemma3.config import GEMMA3_DEFAULTS, gemma3_layer_types
 
 SUPPORTED_MODEL_TYPES = (*LLAMA_FAMILY, "gemma3_text", *DEEPSEEK_V4_FAMILY)
 from llmpipe.layers.activation import check_activation

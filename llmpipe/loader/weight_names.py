@@ -9,7 +9,7 @@ def expected_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Llama family and Gemma 3 (DeepSeek V4: its model's own list). Ordered as the model uses them: embedding,
     layer 0 … N−1, final norm, LM head (unless tied)."""
     if config.architecture in DEEPSEEK_V4_FAMILY:
-        from llmpipe.models.deepseek_v4 import checkpoint_shapes  # the model, built on the meta device, lists them
+        from llmpipe.models.deepseek_v4.model import checkpoint_shapes  # the model, built on the meta device, lists them
 
         return checkpoint_shapes(config)
     hidden, inter = config.hidden_size, config.intermediate_size

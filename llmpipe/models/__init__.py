@@ -10,9 +10,9 @@ from torch import nn
 from llmpipe.config import DEEPSEEK_V4_FAMILY, GEMMA3_FAMILY, LLAMA_FAMILY, EngineConfig, ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.layers.rotary import RotaryEmbedding
-from llmpipe.models.deepseek_v4 import DeepseekV4ForCausalLM
-from llmpipe.models.gemma3 import Gemma3ForCausalLM
-from llmpipe.models.llama import LlamaForCausalLM
+from llmpipe.models.deepseek_v4.model import DeepseekV4ForCausalLM
+from llmpipe.models.gemma3.model import Gemma3ForCausalLM
+from llmpipe.models.llama.model import LlamaForCausalLM
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
 from llmpipe.quant.linear import QuantizedLinear

@@ -18,7 +18,7 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.loader.hf_config import hf_config_dict
-from llmpipe.models.llama import STACKED_PARAMS
+from llmpipe.models.llama.model import STACKED_PARAMS
 from llmpipe.quant.formats import Int4Weight
 from llmpipe.quant.packing import PACK, pack_awq, pack_gptq
 from llmpipe.tokenizer import Tokenizer

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from llmpipe.cli import main
-from llmpipe.engine.compressed_kv_cache import compressed_kv_layout
+from llmpipe.models.deepseek_v4.cache import compressed_kv_layout
 from llmpipe.loader.checkpoint import load_checkpoint
 
 # 509 + 2 computed tokens: the window's first block moves on with the last token (a window store holds the

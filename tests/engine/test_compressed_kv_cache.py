@@ -8,7 +8,7 @@ import torch
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.diagnose.compressed_kv import plan_compressed_kv, read_config
-from llmpipe.engine.compressed_kv_cache import CompressedKVCache, compressed_kv_layout, store_specs
+from llmpipe.models.deepseek_v4.cache import CompressedKVCache, compressed_kv_layout, store_specs
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.hf_config import hf_model_config
 

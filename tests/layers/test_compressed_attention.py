@@ -20,8 +20,8 @@ from llmpipe.config import EngineConfig  # noqa: E402
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit  # noqa: E402
 from llmpipe.engine.kv_cache import plan_kv_pool  # noqa: E402
 from llmpipe.engine.model_runner import ModelRunner  # noqa: E402
-from llmpipe.layers import compressed_attention  # noqa: E402
-from llmpipe.layers.compressed_attention import DeepseekV4Attention  # noqa: E402
+from llmpipe.models.deepseek_v4 import attention as compressed_attention  # noqa: E402
+from llmpipe.models.deepseek_v4.attention import DeepseekV4Attention  # noqa: E402
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding  # noqa: E402
 from llmpipe.loader.hf_config import hf_model_config  # noqa: E402
 

@@ -18,14 +18,14 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as reference
 from llmpipe import LLM
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
-from llmpipe.layers.hyper_connection import HyperConnection, HyperHead
-from llmpipe.layers.moe import DeepseekV4MoE
+from llmpipe.models.deepseek_v4.hyper_connection import HyperConnection, HyperHead
+from llmpipe.models.deepseek_v4.moe import DeepseekV4MoE
 from llmpipe.layers.rotary import rope_attention_factor, rope_inv_freq
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models import build_model
-from llmpipe.models.deepseek_v4 import DeepseekV4DecoderLayer
+from llmpipe.models.deepseek_v4.model import DeepseekV4DecoderLayer
 from llmpipe.quant.rtn import quantize_int8
 from tests.conftest import TINY_DEEPSEEK_V4, tiny_deepseek_v4_model
 

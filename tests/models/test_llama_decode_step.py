@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmpipe import LLM, SamplingParams
-from llmpipe.models.llama_decode_step import LlamaDecodeStep
+from llmpipe.models.llama.decode_step import LlamaDecodeStep
 from tests.conftest import build_checkpoint
 
 PROMPTS = [

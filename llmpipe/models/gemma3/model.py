@@ -16,7 +16,7 @@ from llmpipe.config import ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding
-from llmpipe.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, Rope
+from llmpipe.models.llama.model import LlamaAttention, LlamaForCausalLM, LlamaMLP, Rope
 
 
 class Gemma3Attention(LlamaAttention):

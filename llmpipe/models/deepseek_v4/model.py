@@ -17,13 +17,13 @@ import torch
 from torch import nn
 
 from llmpipe.config import ModelConfig
-from llmpipe.layers.compressed_attention import DeepseekV4Attention
-from llmpipe.layers.hyper_connection import HyperConnection, HyperHead
-from llmpipe.layers.moe import DeepseekV4MoE
+from llmpipe.models.deepseek_v4.attention import DeepseekV4Attention
+from llmpipe.models.deepseek_v4.hyper_connection import HyperConnection, HyperHead
+from llmpipe.models.deepseek_v4.moe import DeepseekV4MoE
 from llmpipe.layers.norm import Float32RMSNorm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding
-from llmpipe.models.deepseek_v4_weights import load_deepseek_v4_weights, locate, model_tensors
-from llmpipe.models.llama import LlamaForCausalLM
+from llmpipe.models.deepseek_v4.weights import load_deepseek_v4_weights, locate, model_tensors
+from llmpipe.models.llama.model import LlamaForCausalLM
 from llmpipe.quant.formats import QuantizedWeight
 
 # Kept in float32: parameters whose name contains one of these (transformers matches them the same way).

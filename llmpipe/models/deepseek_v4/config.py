@@ -14,7 +14,7 @@ from typing import Any
 from llmpipe.config import CSA, HCA, DeepseekV4Fields
 from llmpipe.diagnose.compressed_kv import layer_schedule
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
-from llmpipe.layers.moe import SCORE_FUNCTIONS
+from llmpipe.models.deepseek_v4.moe import SCORE_FUNCTIONS
 
 V4_DEFAULTS: dict[str, Any] = {
     "moe_intermediate_size": 2048, "num_key_value_heads": 1, "head_dim": 512, "sliding_window": 128,

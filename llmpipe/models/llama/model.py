@@ -19,7 +19,7 @@ from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear, linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
-from llmpipe.models.llama_decode_step import LlamaDecodeStep
+from llmpipe.models.llama.decode_step import LlamaDecodeStep
 from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from llmpipe.config import CSA, WINDOW, ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
-from llmpipe.layers.compressor import Compressor, Indexer
+from llmpipe.models.deepseek_v4.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import Float32RMSNorm, unweighted_rms_norm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_rotary
