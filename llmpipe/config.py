@@ -11,41 +11,6 @@ import torch
 
 from llmpipe.errors import InvalidRequestError
 
-# Architectures served by models/llama.py (Hugging Face `model_type` / GGUF `general.architecture`).
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
-GEMMA3_FAMILY = ("gemma3", "gemma3_text")  # models/gemma3.py
-DEEPSEEK_V4_FAMILY = ("deepseek_v4",)  # models/deepseek_v4.py
-# DeepSeek V4's layer types (transformers' names): window only, compressed sparse, heavily compressed.
-WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
-
-
-@dataclass(frozen=True)
-class DeepseekV4Fields:
-    """DeepSeek V4's own hyperparameters, named as in transformers' DeepseekV4Config."""
-
-    # Per layer: "sliding_attention" (window only), "compressed_sparse_attention" (CSA),
-    # "heavily_compressed_attention" (HCA); compress_rates maps the last two to their ratios.
-    layer_types: tuple[str, ...]
-    compress_rates: dict[str, int]
-    q_lora_rank: int
-    o_groups: int
-    o_lora_rank: int
-    rope_head_dim: int  # RoPE on the last rope_head_dim dims of each head, interleaved pairs
-    compress_rope_theta: float
-    compress_rope_scaling: dict[str, Any] | None  # Hugging Face rope dict of the CSA/HCA layers (yarn)
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
-    hc_mult: int
-    hc_sinkhorn_iters: int
-    hc_eps: float
-    mlp_layer_types: tuple[str, ...]  # per layer: "hash_moe" / "moe"
-    num_experts: int
-    num_experts_per_tok: int
-    routed_scaling_factor: float
-    scoring_func: str
-    swiglu_limit: float
-
 
 @dataclass
 class ModelConfig:
@@ -76,7 +41,9 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    deepseek_v4: DeepseekV4Fields | None = None  # set for model_type deepseek_v4
+    # The family's own hyperparameters, in a type of its own (DeepSeek V4: models/deepseek_v4/config.py's
+    # DeepseekV4Fields); None for families that need none beyond these.
+    extra: Any = None
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of one layer (None = full attention)."""

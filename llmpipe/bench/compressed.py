@@ -24,7 +24,8 @@ import torch
 from llmpipe.bench import plots
 from llmpipe.bench.one_sequence import measure
 from llmpipe.bench.report import format_table, write_json
-from llmpipe.config import CSA, DTYPES, HCA, WINDOW
+from llmpipe.config import DTYPES
+from llmpipe.models.deepseek_v4.config import CSA, HCA, WINDOW
 from llmpipe.diagnose.compressed_kv import plan_compressed_kv
 from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.llm import LLM

@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
 
-from llmpipe.config import CSA, DTYPES, HCA, WINDOW
+from llmpipe.config import DTYPES
 from llmpipe.errors import ModelLoadError
+from llmpipe.models.deepseek_v4.config import CSA, HCA, WINDOW, config_int, layer_schedule
 
 V4_MODEL_TYPES = {"deepseek_v4"}
 MLA_MODEL_TYPES = {"deepseek_v2", "deepseek_v3", "deepseek_v32"}
-RATIO_TO_LAYER_TYPE = {0: WINDOW, 4: CSA, 128: HCA}  # `compress_ratios` entries, as transformers reads them
-DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
 KIND_NAMES = {WINDOW: "window only", CSA: "CSA", HCA: "HCA"}
 
 # Published configs (their attention and cache fields), shipped in llmpipe/diagnose/configs/.
@@ -98,7 +97,7 @@ def read_config(source: str) -> tuple[dict, str] | None:
 
 def plan_compressed_kv(cfg: dict, model: str, *, dtype: str = "bfloat16", context: int | None = None,
                        batch: int = 1) -> CompressedKVPlan:
-    context = context or _field(cfg, "max_position_embeddings")
+    context = context or config_int(cfg, "max_position_embeddings")
     width = DTYPES[dtype].itemsize
     kinds = _v4_kinds(cfg, context, width) if cfg["model_type"] in V4_MODEL_TYPES else [_mla_kind(cfg, context, width)]
     plan = CompressedKVPlan(model, dtype, context, batch, [k for k in kinds if k.layers])
@@ -109,37 +108,15 @@ def plan_compressed_kv(cfg: dict, model: str, *, dtype: str = "bfloat16", contex
     return plan
 
 
-def layer_schedule(cfg: dict) -> tuple[list[str], dict[str, int]]:
-    """Each layer's type and each compressed type's ratio, as transformers' `DeepseekV4Config` derives them.
-    Published checkpoints ship `compress_ratios` (one more than the layers: the MTP layer's, dropped); transformers
-    saves `layer_types` and `compress_rates`."""
-    n = _field(cfg, "num_hidden_layers")
-    rates = {**DEFAULT_COMPRESS_RATES, **(cfg.get("compress_rates") or {})}
-    for layer_type, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
-        rates[layer_type] = cfg.get(legacy, rates[layer_type])
-    if cfg.get("layer_types"):
-        types = list(cfg["layer_types"][:n])
-    elif "compress_ratios" in cfg:
-        unknown = set(cfg["compress_ratios"]) - set(RATIO_TO_LAYER_TYPE)
-        if unknown:
-            raise ModelLoadError(f"DeepSeek V4 compress_ratios: {sorted(unknown)} not among 0, 4, 128")
-        types = [RATIO_TO_LAYER_TYPE[r] for r in cfg["compress_ratios"][:n]]
-    else:
-        raise ModelLoadError("DeepSeek V4 config has neither compress_ratios nor layer_types")
-    if len(types) != n or set(types) - set(KIND_NAMES):
-        raise ModelLoadError(f"DeepSeek V4 config: layer types {sorted(set(types))} for {n} layers")
-    return types, rates
-
-
 def _v4_kinds(cfg: dict, context: int, width: int) -> list[LayerKindKV]:
-    head_dim, window = _field(cfg, "head_dim"), min(context, _field(cfg, "sliding_window"))
+    head_dim, window = config_int(cfg, "head_dim"), min(context, config_int(cfg, "sliding_window"))
     types, rates = layer_schedule(cfg)
     kinds = [LayerKindKV(KIND_NAMES[WINDOW], types.count(WINDOW), 0.0,
                          window=types.count(WINDOW) * window * head_dim * width)]
     for layer_type in (CSA, HCA):
         layers, ratio = types.count(layer_type), rates[layer_type]
         entries, left = context // ratio, context % ratio
-        index_dim = _field(cfg, "index_head_dim") if layer_type == CSA and layers else 0
+        index_dim = config_int(cfg, "index_head_dim") if layer_type == CSA and layers else 0
         dims = head_dim + index_dim
         pending = left * 2 * (2 * dims if layer_type == CSA else head_dim)  # kv and gate of the waiting tokens
         if layer_type == CSA and entries:
@@ -154,14 +131,9 @@ def _v4_kinds(cfg: dict, context: int, width: int) -> list[LayerKindKV]:
 def _mla_kind(cfg: dict, context: int, width: int) -> LayerKindKV:
     """MLA caches one latent (`kv_lora_rank`) and the shared RoPE key (`qk_rope_head_dim`) per token and layer;
     V3.2's sparse attention adds the indexer's key (`index_head_dim`)."""
-    layers, index_dim = _field(cfg, "num_hidden_layers"), cfg.get("index_head_dim", 0)
-    latent = _field(cfg, "kv_lora_rank") + _field(cfg, "qk_rope_head_dim")
+    layers, index_dim = config_int(cfg, "num_hidden_layers"), cfg.get("index_head_dim", 0)
+    latent = config_int(cfg, "kv_lora_rank") + config_int(cfg, "qk_rope_head_dim")
     return LayerKindKV(f"MLA ({latent} latent" + (f" + {index_dim} indexer)" if index_dim else ")"), layers,
                        layers * (latent + index_dim) * width, entries=layers * context * latent * width,
                        indexer=layers * context * index_dim * width)
 
-
-def _field(cfg: dict, name: str) -> int:
-    if not isinstance(cfg.get(name), int):
-        raise ModelLoadError(f"{cfg.get('model_type')} config lacks an integer {name}")
-    return cfg[name]

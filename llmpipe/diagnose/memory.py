@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.engine.kv_cache import kv_bytes_per_token, num_blocks_for
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import quant_plan
 from llmpipe.quant.formats import weight_bytes_per_param
 
@@ -51,7 +52,8 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, 
     many parameters (e.g. `--params 7e9 --arch llama-7b`)."""
     dtype_bytes = DTYPES[dtype].itemsize
     shapes = expected_weight_shapes(cfg)
-    converted = set(quant_plan(list(shapes), quantization, group_size, None)) if quantization else set()
+    linear = family_of(cfg.architecture).linear_weights(cfg)
+    converted = set(quant_plan(linear, quantization, group_size, None)) if quantization else set()
     if not cfg.tie_word_embeddings:
         converted.discard("model.embed_tokens.weight")  # only its rows are looked up: it stays float
     counted = quantized = 0

@@ -30,7 +30,7 @@ from llmpipe.distributed.parallel_state import (
 )
 from llmpipe.distributed.processes import LocalWorkers
 from llmpipe.distributed.sharding import plan_shards
-from llmpipe.engine.block_manager import BlockTable
+from llmpipe.engine.cache_kinds import BlockTable
 from llmpipe.engine.kv_cache_spec import KVCacheLayout
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import SchedulerOutput
@@ -128,6 +128,8 @@ class TensorParallelExecutor:
     # ---- what the engine calls on its runner ------------------------------------------------
 
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+        for src, dst in batch.block_copies:  # on every rank, before the forward writes
+            self.copy_block(src, dst)
         return self._forward(*self.local.prepare_inputs(batch))
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
@@ -201,11 +203,7 @@ class TensorParallelExecutor:
 
 
 class ShardedKVCache:
-    """The engine's view of the ranks' KV caches: sizes are rank 0's, block copies reach every rank."""
+    """The engine's view of the ranks' KV caches: sizes are rank 0's."""
 
     def __init__(self, executor: TensorParallelExecutor):
-        self._executor = executor
         self.bytes_per_token = executor.local.kv_cache.bytes_per_token  # per rank; rank 0 holds the most heads
-
-    def copy_block(self, src: int, dst: int) -> None:
-        self._executor.copy_block(src, dst)

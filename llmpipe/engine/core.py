@@ -25,8 +25,8 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
-from llmpipe.engine.block_manager import BlockManager, BlockTable
-from llmpipe.models.deepseek_v4.cache import check_supported
+from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.cache_kinds import BlockTable
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
@@ -37,6 +37,7 @@ from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import load_model, resident_bytes
+from llmpipe.models.registry import family_of
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.spec import Proposal, Proposer, verify
 from llmpipe.spec.draft import DraftProposer
@@ -104,8 +105,7 @@ class EngineCore:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model)
-        if checkpoint.config.deepseek_v4 is not None:
-            check_supported(config)
+        family_of(checkpoint.config.architecture).check_engine_options(config)
         if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
             checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config
@@ -128,7 +128,8 @@ class EngineCore:
         ))
         specs = [group.spec for group in self.kv_layout.groups]
         self.block_manager = BlockManager(
-            num_blocks, config.block_size, config.enable_prefix_caching and config.kv_cache, specs
+            num_blocks, config.block_size, specs, config.enable_prefix_caching and config.kv_cache,
+            copy_partial_blocks=True,
         )
         self.structured = StructuredOutputManager(checkpoint.tokenizer, checkpoint.config.vocab_size,
                                                   self.eos_token_ids)
@@ -138,7 +139,6 @@ class EngineCore:
             self.runner.start(num_blocks, self.kv_layout)
         else:
             self.runner: Runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
-        self.block_manager.copy_block = self.runner.kv_cache.copy_block  # prefix hits inside compressed blocks
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
         self.step_costs = StepCosts(config.max_decode_stall)
@@ -360,11 +360,8 @@ class EngineCore:
             for sibling in request.sequences[1:]:
                 if sibling.finished:  # aborted before it started
                     continue
-                copies = self.scheduler.fork(seq, sibling)
-                if copies is None:
+                if not self.scheduler.fork(seq, sibling):
                     continue
-                for copy in copies:
-                    self.runner.kv_cache.copy_block(*copy)
                 rows.append(row)
                 seqs.append(sibling)
         return rows, seqs

@@ -14,7 +14,7 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission, PromptInput
-from llmpipe.engine.block_manager import BlockTable
+from llmpipe.engine.cache_kinds import BlockTable
 from llmpipe.engine.core import EngineCore, EngineStats, SpecDecodeStats
 from llmpipe.engine.core_messages import EngineCoreRequest
 from llmpipe.engine.output_processor import OutputProcessor

@@ -1,14 +1,18 @@
 """The paged KV cache: one preallocated tensor per layer, [2 (K, V), blocks, block_size, kv_heads, head_dim],
-sized from a memory budget and addressed by block tables."""
+sized from a memory budget and addressed by block tables.
+
+A model family names its cache class (`ModelFamily.kv_cache_class`): PagedKVCache here, or one of the
+family's own with the same three entry points (`layout`, `block_bytes`, `build`)."""
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import LLMPipeError
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
-from llmpipe.models.deepseek_v4.cache import CompressedKVCache, CompressedKVLayout, check_supported, compressed_kv_layout
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
 
 
@@ -38,15 +42,37 @@ def num_blocks_for(
     return memory_bytes // (kv_bytes_per_token(cfg, dtype, kv_cache_dtype) * block_size)
 
 
+class KVCache(Protocol):
+    """What the engine uses of a family's KV cache class."""
+
+    layers: list  # what each attention layer receives
+    tensors: tuple[torch.Tensor, ...]  # the storage, block index in dimension 2 (PagedKVCache) or 0
+    bytes_per_token: int
+
+    @classmethod
+    def layout(cls, cfg: ModelConfig) -> KVCacheLayout: ...
+
+    @classmethod
+    def block_bytes(cls, layout: KVCacheLayout, cfg: ModelConfig, config: EngineConfig) -> int: ...
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, layout: KVCacheLayout, num_blocks: int, config: EngineConfig,
+              device: torch.device) -> "KVCache": ...
+
+    def copy_block(self, src: int, dst: int) -> None: ...
+
+
+def kv_cache_class(cfg: ModelConfig) -> type[KVCache]:
+    from llmpipe.models.registry import family_of  # the families import the engine's cache kinds
+
+    return family_of(cfg.architecture).kv_cache_class
+
+
 def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
     """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
-    if cfg.deepseek_v4 is not None:
-        check_supported(config)
-        layout = compressed_kv_layout(cfg)
-        block_bytes = config.block_size * layout.row_elements * config.torch_dtype.itemsize
-    else:
-        layout = kv_cache_layout(cfg)
-        block_bytes = layout.block_bytes(kv_bytes_per_token(cfg, config.torch_dtype, config.kv_cache_dtype), config.block_size)
+    cache = kv_cache_class(cfg)
+    layout = cache.layout(cfg)
+    block_bytes = cache.block_bytes(layout, cfg, config)
     num_blocks = config.max_num_blocks or config.kv_cache_memory // block_bytes
     if num_blocks < 1:
         raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of {config.model}")
@@ -73,15 +99,19 @@ class PagedKVCache:
             ]
         self.bytes_per_token = kv_bytes_per_token(cfg, dtype, kv_cache_dtype)
 
+    @classmethod
+    def layout(cls, cfg: ModelConfig) -> KVCacheLayout:
+        return kv_cache_layout(cfg)
+
+    @classmethod
+    def block_bytes(cls, layout: KVCacheLayout, cfg: ModelConfig, config: EngineConfig) -> int:
+        return layout.block_bytes(kv_bytes_per_token(cfg, config.torch_dtype, config.kv_cache_dtype), config.block_size)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, layout: KVCacheLayout, num_blocks: int, config: EngineConfig,
+              device: torch.device) -> "PagedKVCache":
+        return cls(cfg, num_blocks, config.block_size, config.torch_dtype, device, layout, config.kv_cache_dtype)
+
     def copy_block(self, src: int, dst: int) -> None:
         for tensor in self.tensors:
             tensor[:, :, dst] = tensor[:, :, src]
-
-
-def make_kv_cache(
-    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device, layout: KVCacheLayout,
-    kv_cache_dtype: str = "auto",
-) -> PagedKVCache | CompressedKVCache:
-    if isinstance(layout, CompressedKVLayout):
-        return CompressedKVCache(layout, num_blocks, block_size, dtype, device)
-    return PagedKVCache(cfg, num_blocks, block_size, dtype, device, layout, kv_cache_dtype)

@@ -41,6 +41,9 @@ class SchedulerOutput:
     prefills: list[ScheduledChunk]
     # Speculative tokens a decode also feeds this step (verified together with its newest token).
     draft_token_ids: dict[Sequence, list[int]] = field(default_factory=dict)
+    # Block copies (source, destination) the runner makes before the forward: a prefix hit ending
+    # inside a block, a forked sample's partial last block.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -99,6 +102,7 @@ class Scheduler:
             out.prefills.append(ScheduledChunk(seq, n))
             budget -= n
         self.waiting.extendleft(reversed(held))
+        out.block_copies = self.blocks.take_block_copies()
         return out
 
     def add_drafts(self, out: SchedulerOutput, drafts: dict[Sequence, list[int]]) -> dict[Sequence, list[int]]:
@@ -118,7 +122,7 @@ class Scheduler:
             item.seq.num_computed_tokens += item.num_tokens
         for seq in out.decodes + [item.seq for item in out.prefills]:
             self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
-            self.blocks.free_out_of_window(seq)  # at once, so usage and stats show what is held
+            self.blocks.free_unreachable(seq)  # at once, so usage and stats show what is held
 
     def forget_computed(self, seqs: list[Sequence]) -> None:
         """Recompute mode (no KV cache kept): these sampled sequences compute everything next step."""
@@ -132,23 +136,23 @@ class Scheduler:
         self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
         self.blocks.trim(seq, seq.num_tokens)
 
-    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]] | None:
-        """Start child from parent's blocks (full ones shared, the partial last one copied) and run it
-        from now on; the block copies the runner must make. None if no block is free to copy into:
-        the child then queues to prefill (from the prefix cache)."""
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Start child from parent's blocks (full ones shared, the partial last one copied with the next
+        step) and run it from now on. False if no block is free to copy into: the child then queues to
+        prefill (from the prefix cache)."""
         if not self.blocks.can_fork(parent):
             self.add(child)
-            return None
-        copies = self.blocks.fork(parent, child)
+            return False
+        self.blocks.fork(parent, child)
         child.num_computed_tokens = parent.num_computed_tokens
         child.status = SequenceStatus.RUNNING
         self.running.append(child)
-        return copies
+        return True
 
     def _reserve_slots(self, seq: Sequence, num_new_tokens: int, out: SchedulerOutput) -> bool:
         """Give seq blocks for its next num_new_tokens tokens (after freeing what its windows no
         longer reach), preempting the newest sequences until they fit. False if seq itself had to go."""
-        self.blocks.free_out_of_window(seq)
+        self.blocks.free_unreachable(seq)
         while not self.blocks.can_reserve(seq, num_new_tokens):
             victim = self.running[-1]
             self.preempt(victim)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmpipe.engine.block_manager import BlockTable
+from llmpipe.engine.cache_kinds import BlockTable
 from llmpipe.engine.core_messages import EngineCoreOutput, RawLogprob
 from llmpipe.sampling_params import SamplingParams
 

@@ -10,7 +10,7 @@ Prefill and decode differ only in this metadata, built by the model runner.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,6 @@ class PrefillChunk:
     token_end: int
     context_len: int  # tokens cached after this chunk (cached prefix + the chunk)
     block_table: torch.Tensor  # [blocks] block ids of the sequence
-    start: int = 0  # position of the chunk's first token in its sequence
 
 
 @dataclass
@@ -39,8 +38,6 @@ class AttentionMetadata:
     prefills: list[PrefillChunk]
     decode_max_len: int = 0  # longest decode context (Python side, so no sync is needed to slice)
     decode_same_len: bool = True  # every decode context has decode_max_len tokens: no padding to mask
-    decode_positions: list[int] = field(default_factory=list)  # Python side, no sync: each decode row's position
-    decode_lens: list[int] = field(default_factory=list)  # and decode_context_lens
 
 
 def write_kv(kv_cache: KVLayer, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

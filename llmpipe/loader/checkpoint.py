@@ -16,13 +16,13 @@ from llmpipe.errors import ModelLoadError
 from llmpipe.loader.aliases import resolve_model
 from llmpipe.loader.gguf_config import gguf_model_config
 from llmpipe.loader.gguf_file import open_gguf
-from llmpipe.loader.gguf_names import GGUF_ARCHITECTURES
 from llmpipe.loader.gguf_weights import GGUFWeights
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.loader.hf_weights import SafetensorsWeights
 from llmpipe.loader.quant_config import hf_quantization_config
 from llmpipe.loader.quantized_weights import QuantizedSafetensorsWeights
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.models import registry  # a module, not its names: the families import loader modules in turn
 from llmpipe.quant.apply import QuantPlan, quant_plan
 from llmpipe.quant.formats import QuantizedWeight
 
@@ -57,7 +57,8 @@ class Checkpoint:
     def quant_plan(self, quantization: str | None, group_size: int) -> QuantPlan:
         """Weight formats for `quantization` (None, "auto", "int8", "int4"); see llmpipe.quant.apply."""
         native = getattr(self.source, "native_format", None)
-        return quant_plan(list(expected_weight_shapes(self.config)), quantization, group_size, native)
+        linear = registry.family_of(self.config.architecture).linear_weights(self.config)
+        return quant_plan(linear, quantization, group_size, native)
 
     def iter_weights(
         self, progress: bool = False, plan: QuantPlan | None = None
@@ -101,7 +102,7 @@ def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer 
 def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
     reader = open_gguf(path)
     config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
-    source = GGUFWeights(reader, path, GGUF_ARCHITECTURES[config.architecture], config)
+    source = GGUFWeights(reader, path, registry.gguf_architecture(config.architecture, path), config)
     has_vocabulary = reader.get_field("tokenizer.ggml.tokens") is not None
     return config, source, _tokenizer_class().from_gguf(reader) if has_vocabulary else None
 

@@ -1,4 +1,4 @@
-"""Model registry: architecture name → module class, and building a model from a checkpoint."""
+"""Building a model from a checkpoint (its family, in registry.py, gives the module class)."""
 
 from __future__ import annotations
 
@@ -7,24 +7,15 @@ from typing import TYPE_CHECKING, Iterable
 import torch
 from torch import nn
 
-from llmpipe.config import DEEPSEEK_V4_FAMILY, GEMMA3_FAMILY, LLAMA_FAMILY, EngineConfig, ModelConfig
-from llmpipe.errors import UnsupportedModelError
+from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.layers.rotary import RotaryEmbedding
-from llmpipe.models.deepseek_v4.model import DeepseekV4ForCausalLM
-from llmpipe.models.gemma3.model import Gemma3ForCausalLM
-from llmpipe.models.llama.model import LlamaForCausalLM
+from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
 from llmpipe.quant.linear import QuantizedLinear
 
 if TYPE_CHECKING:
     from llmpipe.loader import Checkpoint
-
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    **{arch: LlamaForCausalLM for arch in LLAMA_FAMILY},
-    **{arch: Gemma3ForCausalLM for arch in GEMMA3_FAMILY},
-    **{arch: DeepseekV4ForCausalLM for arch in DEEPSEEK_V4_FAMILY},
-}
 
 
 def build_model(
@@ -39,11 +30,7 @@ def build_model(
     """Allocate the model once on the target device (no random init), then copy the weights in.
     `plan` (checkpoint name → format) swaps those linear layers for quantized ones first;
     `activation_quantization` and `float_batch_weights` as EngineConfig's."""
-    cls = MODEL_CLASSES.get(config.architecture)
-    if cls is None:
-        raise UnsupportedModelError(
-            f"architecture {config.architecture!r} is not supported (supported: {', '.join(sorted(MODEL_CLASSES))})"
-        )
+    cls = family_of(config.architecture).model_class
     with torch.device("meta"):
         model = cls(config).to(dtype)
         if plan:

@@ -8,6 +8,7 @@ dequantized first.
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable
 
 import torch
@@ -28,6 +29,16 @@ def target_of(name: str, stacked: Stacking) -> tuple[str, int | None]:
         if f".{part}." in name:
             return name.replace(f".{part}.", f".{full}."), shard
     return name, None
+
+
+def shards(module_name: str, module: nn.Module, stacked: Stacking) -> list[tuple[str, slice]]:
+    """Checkpoint prefixes of a module's rows: qkv_proj → q_proj, k_proj, v_proj slices (others: all rows)."""
+    parent, _, last = module_name.rpartition(".")
+    parts = sorted((shard, part) for full, part, shard in stacked if full == last)
+    if not parts:
+        return [(module_name, slice(None))]
+    starts = [0, *itertools.accumulate(module.shard_sizes)]
+    return [(f"{parent}.{part}", slice(starts[shard], starts[shard + 1])) for shard, part in parts]
 
 
 @torch.no_grad()

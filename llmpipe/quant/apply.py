@@ -21,24 +21,15 @@ from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
 logger = logging.getLogger(__name__)
 WeightFormat = tuple[str, int | None]
 QuantPlan = dict[str, WeightFormat | None]  # checkpoint name → format (None: float)
-# Linear weights by checkpoint name: Hugging Face's "…proj.weight", and DeepSeek V4's own names for its
-# attention (not wo_a: a grouped projection, no linear layer), compressors, shared expert and head. Its
-# routed experts are 3-D tensors, no linear layers either: they stay float.
-LINEAR_SUFFIXES = (
-    "proj.weight", ".wq_a.weight", ".wq_b.weight", ".wkv.weight", ".wo_b.weight", ".wgate.weight",
-    ".shared_experts.w1.weight", ".shared_experts.w2.weight", ".shared_experts.w3.weight",
-)
 
 
 def quant_plan(
-    names: list[str],
+    linear_names: list[str],
     quantization: str | None,
     group_size: int,
     native_format: Callable[[str], WeightFormat | None] | None,
 ) -> QuantPlan:
-    """Formats for the linear weights among `names` (2-D `.weight` tensors other than norms)."""
-    heads = ("lm_head.weight", "head.weight", "model.embed_tokens.weight")
-    linear_names = [n for n in names if n.endswith(LINEAR_SUFFIXES) or n in heads]
+    """Formats for the checkpoint's linear weights (its family's `linear_weights`)."""
     if quantization in ("int8", "int4"):
         fmt: WeightFormat = (quantization, group_size if quantization == "int4" else None)
         return {n: fmt for n in linear_names}

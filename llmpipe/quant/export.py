@@ -19,6 +19,7 @@ from torch import nn
 from llmpipe.config import ModelConfig
 from llmpipe.loader.hf_config import hf_config_dict
 from llmpipe.models.llama.model import STACKED_PARAMS
+from llmpipe.models.weights import shards
 from llmpipe.quant.formats import Int4Weight
 from llmpipe.quant.packing import PACK, pack_awq, pack_gptq
 from llmpipe.tokenizer import Tokenizer
@@ -42,7 +43,7 @@ def checkpoint_tensors(model: nn.Module, quantized: dict[str, Int4Weight]) -> It
     (module name → weight) replaced by their quantized form."""
     for name, param in model.named_parameters():
         module_name, kind = name.rsplit(".", 1)
-        for prefix, rows in _shards(module_name, model.get_submodule(module_name)):
+        for prefix, rows in shards(module_name, model.get_submodule(module_name), STACKED_PARAMS):
             if kind == "weight" and module_name in quantized:
                 yield f"{prefix}.weight", _take_rows(quantized[module_name], rows)
             else:
@@ -68,16 +69,6 @@ def save_quantized(
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
     if tokenizer is not None:
         save_hf_tokenizer(tokenizer, directory)
-
-
-def _shards(module_name: str, module: nn.Module) -> list[tuple[str, slice]]:
-    """Checkpoint prefixes of a module's rows: qkv_proj → q_proj, k_proj, v_proj slices."""
-    parent, _, last = module_name.rpartition(".")
-    parts = sorted((shard, part) for full, part, shard in STACKED_PARAMS if full == last)
-    if not parts:
-        return [(module_name, slice(None))]
-    starts = [0, *torch.tensor(module.shard_sizes).cumsum(0).tolist()]
-    return [(f"{parent}.{part}", slice(starts[shard], starts[shard + 1])) for shard, part in parts]
 
 
 def _take_rows(weight: Int4Weight, rows: slice) -> Int4Weight:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmpipe.config import LLAMA_FAMILY, EngineConfig
-from llmpipe.engine.engine import LLMEngine
+from llmpipe.config import EngineConfig
 from llmpipe.errors import InvalidRequestError, UnsupportedModelError
 from llmpipe.quant.awq import awq_layer_quantizer
 from llmpipe.quant.calibrate import calibration_samples, linear_modules, quantize_layers
 from llmpipe.quant.export import quantization_config, save_quantized
 from llmpipe.quant.formats import Int4Weight
 from llmpipe.quant.gptq import gptq_layer_quantizer
+from llmpipe.models.registry import FAMILIES, family_of
 from llmpipe.quant.rtn import quantize_int4
 
 METHODS = ("gptq", "awq", "rtn")  # rtn: no calibration, written in the GPTQ layout (the baseline)
@@ -40,10 +40,13 @@ def quantize_model(
         model=model, dtype="float32", quantization=None, max_num_blocks=blocks, max_model_len=seq_len,
         num_threads=num_threads,
     )
+    from llmpipe.engine.engine import LLMEngine  # deferred: `llmpipe quantize --help` needs no engine
+
     engine = LLMEngine(config, progress=progress)
     architecture = engine.config.model_config.architecture
-    if architecture not in LLAMA_FAMILY:  # the layer structure calibration and export rely on
-        raise UnsupportedModelError(f"quantize supports {', '.join(LLAMA_FAMILY)} models, not {architecture!r}")
+    if architecture not in family_of(architecture).hf_architectures:  # those whose config.json export writes
+        supported = [name for family in FAMILIES for name in family.hf_architectures]
+        raise UnsupportedModelError(f"quantize supports {', '.join(supported)} models, not {architecture!r}")
     if method == "rtn":
         quantized = _rtn(engine.model, group_size)
     else:

@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
-from llmpipe.engine.block_manager import BlockManager, BlockTable
+from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.cache_kinds import BlockTable
 from llmpipe.engine.kv_cache import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import ScheduledChunk, SchedulerOutput
@@ -26,6 +27,7 @@ from llmpipe.errors import LLMPipeError
 from llmpipe.layers.sampler import SamplingRow, adjusted_logits, distribution, draw
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import load_model
+from llmpipe.models.registry import family_of
 from llmpipe.spec.proposal import Proposal
 
 logger = logging.getLogger(__name__)
@@ -53,10 +55,11 @@ class DraftProposer:
                 f"speculative_model {config.speculative_model!r} has a vocabulary of {checkpoint.config.vocab_size} "
                 f"tokens, the target {target.vocab_size}: the draft must share the target's tokenizer"
             )
+        family_of(checkpoint.config.architecture).check_engine_options(draft_config)
         draft_config.model_config = checkpoint.config
         self.model = load_model(checkpoint, draft_config, progress)
         layout, _, num_blocks = plan_kv_pool(draft_config, checkpoint.config)
-        self.blocks = BlockManager(num_blocks, config.block_size, False, [g.spec for g in layout.groups])
+        self.blocks = BlockManager(num_blocks, config.block_size, [g.spec for g in layout.groups], False)
         self.runner = ModelRunner(self.model, draft_config, num_blocks, layout)
         self.max_len = checkpoint.config.max_position_embeddings
         self.row_for = row_for
@@ -105,7 +108,7 @@ class DraftProposer:
         draft.num_computed_tokens, shadow.synced = valid, len(tokens)
         # The k-th guess is never fed back, so the cache grows by the uncomputed tokens + k - 1.
         needed = len(tokens) - valid + k - 1
-        self.blocks.free_out_of_window(draft)
+        self.blocks.free_unreachable(draft)
         if not self.blocks.can_reserve(draft, needed):
             return False
         self.blocks.reserve(draft, needed)

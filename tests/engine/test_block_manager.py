@@ -12,13 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
-from llmpipe.engine.kv_cache_spec import KVCacheSpec
+from llmpipe.engine.cache_kinds import CompressedSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 BLOCK = 4
 NUM_BLOCKS = 48
 WINDOW = 6
-SPECS = [KVCacheSpec(None), KVCacheSpec(WINDOW)]
-V4_SPECS = [KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=2), KVCacheSpec(None)]
+SPECS = [FullAttentionSpec(), SlidingWindowSpec(WINDOW)]
+V4_SPECS = [SlidingWindowSpec(WINDOW), CompressedSpec(ratio=2), FullAttentionSpec()]
+
+
+def ratio(spec: KVCacheSpec) -> int:
+    """Tokens per cache row."""
+    return getattr(spec, "ratio", 1)
 
 
 @dataclass(eq=False)
@@ -41,9 +46,8 @@ def no_hit(specs=SPECS) -> PrefixHit:
 
 class World:
     def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS, copying=False):
-        self.bm = BlockManager(num_blocks, BLOCK, specs=specs)
-        if copying:  # prefix hits may end inside a compressed block, copied as the engine's KV cache would
-            self.bm.copy_block = self.copy
+        # copying: prefix hits may end inside a compressed block, copied as the engine's runner would
+        self.bm = BlockManager(num_blocks, BLOCK, specs, copy_partial_blocks=copying)
         self.pool: dict[tuple[int, int], int] = {}
         self.live: list[FakeSeq] = []
 
@@ -52,18 +56,24 @@ class World:
             if (src, offset) in self.pool:
                 self.pool[(dst, offset)] = self.pool[(src, offset)]
 
+    def make_copies(self) -> None:
+        """The block copies the manager queued, as the runner makes them before a step's forward."""
+        for src, dst in self.bm.take_block_copies():
+            self.copy(src, dst)
+
     def admit(self, seq: FakeSeq) -> bool:
         hit = self.bm.prefix_hit(seq)
         if not self.bm.can_allocate(seq, hit, len(seq.tokens) - hit.num_tokens):
             return False
         self.bm.allocate(seq, hit, len(seq.tokens) - hit.num_tokens)
+        self.make_copies()
         self.live.append(seq)
         self.compute(seq)
         return True
 
     def step(self, seq: FakeSeq) -> bool:
         """Compute the newest token, as a decode step does."""
-        self.bm.free_out_of_window(seq)
+        self.bm.free_unreachable(seq)
         if not self.bm.can_reserve(seq, 1):
             return False
         self.bm.reserve(seq, 1)
@@ -74,15 +84,15 @@ class World:
         """Write each new token's row; a compressed group writes entry e (its tokens) once its last token is in."""
         for pos in range(seq.num_computed_tokens, len(seq.tokens)):
             for spec, table in zip(self.bm.specs, seq.block_tables):
-                if (pos + 1) % spec.ratio == 0:
-                    row = pos // spec.ratio
+                if (pos + 1) % ratio(spec) == 0:
+                    row = pos // ratio(spec)
                     self.pool[(table.block_of(row, BLOCK), row % BLOCK)] = self.row(seq, spec, row)
         seq.num_computed_tokens = len(seq.tokens)
         self.bm.register_full_blocks(seq, seq.num_computed_tokens)
 
     @staticmethod
     def row(seq: FakeSeq, spec: KVCacheSpec, row: int) -> tuple[int, ...]:
-        return tuple(seq.tokens[row * spec.ratio : (row + 1) * spec.ratio])
+        return tuple(seq.tokens[row * ratio(spec) : (row + 1) * ratio(spec)])
 
     def check(self) -> None:
         refs = [0] * self.bm.num_blocks
@@ -93,13 +103,13 @@ class World:
                     refs[b] += 1
                 # Every row the next query can read holds this sequence's tokens.
                 first = spec.first_needed_block(seq.num_computed_tokens, BLOCK) * BLOCK
-                for row in range(first, seq.num_computed_tokens // spec.ratio):
+                for row in range(first, seq.num_computed_tokens // ratio(spec)):
                     assert self.pool[(table.block_of(row, BLOCK), row % BLOCK)] == self.row(seq, spec, row)
-        assert refs == [b.ref_count for b in self.bm.blocks]
-        assert set(self.bm.free) == {i for i, r in enumerate(refs) if r == 0}
-        for group, cached in enumerate(self.bm.cached):
-            for h, block_id in cached.items():
-                assert self.bm.blocks[block_id].hash == h and self.bm.blocks[block_id].group == group
+        pool = self.bm.pool
+        assert refs == [b.ref_count for b in pool.blocks]
+        assert set(pool.free) == {i for i, r in enumerate(refs) if r == 0}
+        for key, block_id in pool.cached.items():
+            assert key in pool.blocks[block_id].listed and 0 <= key[0] < len(self.bm.specs)
 
 
 ops = st.lists(
@@ -116,7 +126,11 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops, st.sampled_from([(SPECS, False), (V4_SPECS, False), (V4_SPECS, True)]))
 def test_block_manager_invariants_hold_under_random_operations(operations, setup):
-    world = World(*setup[:1], copying=setup[1])
+    run_operations(World(*setup[:1], copying=setup[1]), operations)
+
+
+def run_operations(world: World, operations: list[tuple]) -> None:
+    """Admit, grow, fork and free sequences as `operations` say, checking the invariants after each."""
     bm = world.bm
     for op in operations:
         if op[0] == "new":
@@ -130,8 +144,8 @@ def test_block_manager_invariants_hold_under_random_operations(operations, setup
             parent = world.live[op[1] % len(world.live)]
             if bm.can_fork(parent):
                 child = FakeSeq(list(parent.tokens))
-                for src, dst in bm.fork(parent, child):
-                    world.copy(src, dst)
+                bm.fork(parent, child)
+                world.make_copies()
                 child.num_computed_tokens = parent.num_computed_tokens
                 world.live.append(child)
         elif op[0] == "free" and world.live:
@@ -159,7 +173,7 @@ def test_window_group_frees_blocks_as_the_sequence_grows_and_full_group_keeps_al
 
 
 def test_prefix_hit_reuses_full_blocks_but_never_the_last_token():
-    world = World(specs=[KVCacheSpec(None)])
+    world = World(specs=[FullAttentionSpec()])
     first = FakeSeq(list(range(10)))
     world.admit(first)
     first_blocks = list(first.block_tables[0].ids)
@@ -186,33 +200,34 @@ def test_window_prefix_is_reusable_only_while_its_window_blocks_are_held():
     assert window.offset == (36 - WINDOW + 1) // BLOCK and len(window) == 9
     # Evict the window group's copy of block 8 (tokens 32..35): no prefix past block 7 is servable,
     # and a 7-block prefix needs the window group's blocks 6 and 7 (tokens 27..31 for position 28).
-    block8 = world.bm.cached[1][donor.block_hashes[8]]
-    world.bm.free.move_to_end(block8, last=False)
-    world.bm._take_free_block()
+    block8 = world.bm.pool.cached[(1, donor.block_hashes[8])]
+    world.bm.pool.free.move_to_end(block8, last=False)
+    world.bm.pool.take()
     assert world.bm.prefix_hit(FakeSeq(list(tokens))).num_tokens == 32
 
 
 def test_freed_blocks_are_evicted_least_recently_freed_first():
-    world = World(specs=[KVCacheSpec(None)], num_blocks=4)
+    world = World(specs=[FullAttentionSpec()], num_blocks=4)
     bm = world.bm
     a, b = FakeSeq([1] * 5), FakeSeq([2] * 5)
     for seq in (a, b):
         world.admit(seq)
     a_full, b_full = a.block_tables[0].ids[0], b.block_tables[0].ids[0]
-    a_hash = bm.blocks[a_full].hash
+    (a_key,) = bm.pool.blocks[a_full].listed
     bm.free_sequence(a)
     bm.free_sequence(b)
     world.live.clear()
     world.admit(FakeSeq([3] * 8))  # takes the two oldest free blocks: a's partial one, then a's full one
-    assert bm.cached[0].get(bm.blocks[b_full].hash) == b_full
+    (b_key,) = bm.pool.blocks[b_full].listed
+    assert bm.pool.cached.get(b_key) == b_full
     hit = FakeSeq([2] * 5)
     world.admit(hit)
     assert hit.num_cached_tokens == 4 and hit.block_tables[0].ids[0] == b_full
-    assert a_hash not in bm.cached[0]  # a's full block was evicted
+    assert a_key not in bm.pool.cached  # a's full block was evicted
 
 
 def test_compressed_group_blocks_span_ratio_blocks_and_prefix_hits_cover_whole_ones():
-    specs = [KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=4)]  # a compressed block: 4 rows of 4 tokens each
+    specs = [SlidingWindowSpec(WINDOW), CompressedSpec(ratio=4)]  # a compressed block: 4 rows of 4 tokens each
     world = World(specs)
     tokens = list(range(45))
     donor = FakeSeq(list(tokens))
@@ -235,7 +250,7 @@ def test_compressed_group_blocks_span_ratio_blocks_and_prefix_hits_cover_whole_o
 
 
 def test_with_copy_block_a_hit_ends_inside_a_compressed_block_and_gets_its_rows_copied():
-    world = World([KVCacheSpec(WINDOW), KVCacheSpec(None, ratio=4)], copying=True)
+    world = World([SlidingWindowSpec(WINDOW), CompressedSpec(ratio=4)], copying=True)
     tokens = list(range(45))
     donor = FakeSeq(list(tokens))
     assert world.admit(donor)

@@ -24,7 +24,7 @@ def v4_pro(tmp_path_factory):
 
 def test_store_specs_keep_the_window_and_the_open_compression_windows(v4_pro):
     _, model = v4_pro
-    kinds = model.deepseek_v4.layer_types
+    kinds = model.extra.layer_types
     csa, hca = kinds.index("compressed_sparse_attention"), kinds.index("heavily_compressed_attention")
     window, entry = store_specs(model, csa)
     # K=V (512) + compressor value and gate, two halves each (4 × 512) + indexer value and gate (4 × 128).

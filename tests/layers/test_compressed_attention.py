@@ -47,7 +47,7 @@ class AttentionOnly(nn.Module):
 
     def __init__(self, cfg, table: torch.Tensor):
         super().__init__()
-        v4, n = cfg.deepseek_v4, cfg.max_position_embeddings
+        v4, n = cfg.extra, cfg.max_position_embeddings
         self.config, self.table = cfg, table
         self.attn = DeepseekV4Attention(cfg, 0)
         self.ropes = (InterleavedRotaryEmbedding(v4.rope_head_dim, n, cfg.rope_theta, None),
@@ -88,7 +88,7 @@ def runner_for(model: AttentionOnly):
     config = EngineConfig(max_num_blocks=300, block_size=BLOCK)
     config.model_config = model.config
     layout, _, num_blocks = plan_kv_pool(config, model.config)
-    blocks = BlockManager(num_blocks, BLOCK, True, [g.spec for g in layout.groups])
+    blocks = BlockManager(num_blocks, BLOCK, [g.spec for g in layout.groups])
     return ModelRunner(model, config, num_blocks, layout), blocks, layout
 
 
@@ -130,7 +130,7 @@ def test_chunks_and_decode_steps_across_compression_boundaries_match_a_full_reco
         got = ours(ids[start:end], torch.arange(start, end), runner.kv_cache.layers, metas)
         torch.testing.assert_close(got, want[start:end], atol=2e-5, rtol=1e-4)
         seq.num_computed_tokens = start = end
-        blocks.free_out_of_window(seq)
+        blocks.free_unreachable(seq)
     # The window store keeps only what queries and open compression windows still read.
     for group, table in zip(layout.groups, seq.block_tables):
         assert len(table.ids) == group.spec.blocks_held(len(ids), BLOCK)

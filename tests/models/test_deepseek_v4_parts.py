@@ -62,7 +62,7 @@ def parsed(hf_config: transformers.DeepseekV4Config | dict, tmp_path) -> ModelCo
 
 
 def assert_config_matches(ours: ModelConfig, hf: transformers.DeepseekV4Config) -> None:
-    v4, rope = ours.deepseek_v4, hf.rope_parameters
+    v4, rope = ours.extra, hf.rope_parameters
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "sliding_window",
                   "tie_word_embeddings", "hidden_act", "bos_token_id"):
@@ -93,7 +93,7 @@ def test_saved_config_reads_as_transformers_reads_it(tmp_path):
 def test_other_spellings_read_as_transformers_reads_them(raw, tmp_path):
     ours = parsed(raw, tmp_path)
     assert_config_matches(ours, transformers.DeepseekV4Config(**raw))
-    assert ours.deepseek_v4.compress_rope_scaling["rope_type"] == "yarn"
+    assert ours.extra.compress_rope_scaling["rope_type"] == "yarn"
 
 
 @pytest.mark.parametrize("change", [{"scoring_func": "softmax"}, {"hidden_act": "gelu"}, {"n_shared_experts": 2}])
@@ -130,7 +130,7 @@ def inputs(config: ModelConfig, seed: int = 1) -> tuple[torch.Tensor, torch.Tens
 
 def random_streams(config: ModelConfig, dtype: torch.dtype, seed: int = 5) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(TOKENS, config.deepseek_v4.hc_mult, config.hidden_size, generator=generator).to(dtype)
+    return torch.randn(TOKENS, config.extra.hc_mult, config.hidden_size, generator=generator).to(dtype)
 
 
 @pytest.mark.parametrize("layer", [0, 1], ids=["hash_moe", "topk_moe"])
@@ -143,7 +143,7 @@ def test_moe_matches_transformers(pair, layer):
         expected = ref(x[None], input_ids=ids[None])[0]
         torch.testing.assert_close(ours(x, ids), expected, atol=1e-5, rtol=1e-5)
         gate_up = torch.nn.functional.linear(x, ref.experts.gate_up_proj[0])
-        assert (gate_up.abs() > config.deepseek_v4.swiglu_limit).any()  # the clamps take part
+        assert (gate_up.abs() > config.extra.swiglu_limit).any()  # the clamps take part
 
 
 def test_router_correction_bias_changes_the_choice(pair):

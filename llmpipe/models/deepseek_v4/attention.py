@@ -6,7 +6,7 @@ layers use the YaRN-scaled "compress" RoPE), one softmax over the window's keys,
 the query may see and a learned per-head sink, the RoPE undone on the output at the query's position
 (values carry it, K = V), and a grouped low-rank output projection.
 
-Cache (engine/compressed_kv_cache.py): each token's row in the layer's window store holds its K=V vector
+Cache (cache.py): each token's row in the layer's window store holds its K=V vector
 and, on compressed layers, its compressor projections, kept while a query or an open window still reads
 them; closed windows become rows of the entry store, one per `ratio` tokens (the CSA row also holds the
 indexer key). An entry is visible to a query once all its tokens are at or before the query.
@@ -19,8 +19,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from llmpipe.config import CSA, WINDOW, ModelConfig
-from llmpipe.layers.attention import AttentionMetadata
+from llmpipe.config import ModelConfig
+from llmpipe.models.deepseek_v4.config import CSA, WINDOW
+from llmpipe.engine.cache_kinds import CompressedMetadata
+from llmpipe.models.deepseek_v4.cache import WindowStoreMetadata
 from llmpipe.models.deepseek_v4.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import Float32RMSNorm, unweighted_rms_norm
@@ -28,7 +30,7 @@ from llmpipe.layers.rotary import InterleavedRotaryEmbedding, apply_interleaved_
 
 Ropes = tuple[InterleavedRotaryEmbedding, InterleavedRotaryEmbedding]  # (main, compress)
 LayerCache = tuple[torch.Tensor, torch.Tensor | None]  # window store, entry store: [blocks, block_size, width]
-LayerMeta = tuple[AttentionMetadata, AttentionMetadata | None]  # their groups' metadata
+LayerMeta = tuple[WindowStoreMetadata, CompressedMetadata | None]  # their groups' metadata
 QUERY_BLOCK = 256  # queries attended together within a prefill chunk
 
 
@@ -53,7 +55,7 @@ class Segment:
 class DeepseekV4Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        v4 = cfg.deepseek_v4
+        v4 = cfg.extra
         self.kind = v4.layer_types[layer]
         self.heads, self.head_dim, self.window = cfg.num_attention_heads, cfg.head_dim, cfg.sliding_window
         self.o_groups, self.eps = v4.o_groups, cfg.rms_norm_eps
@@ -207,11 +209,11 @@ def chunk_segments(meta: LayerMeta) -> list[Segment]:
     """The batch's prefill chunks as segments."""
     window, entry = meta
     out = []
-    for k, chunk in enumerate(window.prefills):
+    for k, (chunk, start) in enumerate(zip(window.prefills, window.chunk_starts)):
         n = chunk.token_end - chunk.token_start
-        entry_blocks = None if entry is None else entry.prefills[k].block_table
-        base = chunk.start + n - chunk.context_len
-        out.append(Segment(chunk.token_start, chunk.start, n, chunk.block_table, base, entry_blocks))
+        entry_blocks = None if entry is None else entry.prefill_block_tables[k]
+        base = start + n - chunk.context_len
+        out.append(Segment(chunk.token_start, start, n, chunk.block_table, base, entry_blocks))
     return out
 
 

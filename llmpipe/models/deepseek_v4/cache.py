@@ -1,12 +1,13 @@
 """DeepSeek V4's paged cache: the window, the compressors' pending tokens, the compressed entries and
-the indexer keys, all in one pool of blocks (layers/compressed_attention.py reads and writes them).
+the indexer keys, all in one pool of blocks (attention.py reads and writes them).
 
 Every layer has a window store, one row per token: its K=V vector and, on CSA / HCA layers, the
 compressor's (and indexer's) projections of that token. It is a sliding-window group that keeps
 max(window, the tokens of the widest open compression span) rows, so the pending tokens of the
 next entries are always still there (and come back with a prefix-cache hit). CSA / HCA layers also
 have an entry store, one row per `ratio` tokens: the entry (and, for CSA, the indexer key); it is a
-group of ratio r, whose block spans block_size × r tokens and is never freed while the sequence runs.
+group of ratio r (engine/cache_kinds/compressed.py), whose block spans block_size × r tokens and is
+never freed while the sequence runs.
 
 Stores of the same shape form groups as for other models (engine/kv_cache_spec.py), and groups
 share one pool of equal-sized pages (vLLM v1's hybrid allocator): a group of narrow rows packs more
@@ -18,13 +19,15 @@ block_size × block_rows × ratio tokens).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from llmpipe.config import CSA, WINDOW, EngineConfig, ModelConfig
-from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout, KVCacheSpec
-from llmpipe.errors import UnsupportedModelError
+from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.engine.cache_kinds import CompressedSpec, GroupBatch, SlidingWindowSpec
+from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout
+from llmpipe.layers.attention import AttentionMetadata
+from llmpipe.models.deepseek_v4.config import CSA, WINDOW
 
 
 @dataclass(frozen=True)
@@ -40,24 +43,56 @@ class CompressedKVLayout(KVCacheLayout):
         return bytes_per_token  # CompressedKVCache counts the growth itself
 
 
-def store_specs(cfg: ModelConfig, layer: int) -> tuple[KVCacheSpec, KVCacheSpec | None]:
+@dataclass
+class WindowStoreMetadata(AttentionMetadata):
+    """A window store's metadata, plus the positions the layer's compressor needs (Python side, no sync)."""
+
+    decode_positions: list[int] = field(default_factory=list)  # each decode row's position
+    decode_lens: list[int] = field(default_factory=list)  # and its decode_context_lens
+    chunk_starts: list[int] = field(default_factory=list)  # each prefill chunk's first position
+
+
+@dataclass(frozen=True)
+class WindowStore(SlidingWindowSpec):
+    """One row per token (K=V, and on CSA / HCA layers the compressor's projections), `width` elements."""
+
+    width: int = 0
+    block_rows = 1  # rows per block_size tokens, as an entry store's
+
+    def metadata(self, batch: GroupBatch, block_size: int, device: torch.device) -> WindowStoreMetadata:
+        meta, size = super().metadata(batch, block_size, device), block_size
+        return WindowStoreMetadata(
+            **vars(meta), decode_positions=[n - 1 for n in batch.lens],
+            decode_lens=[n - self.first_needed_block(n - 1, size) * size for n in batch.lens],
+            chunk_starts=[start for _, start, _, _ in batch.chunks],
+        )
+
+
+@dataclass(frozen=True)
+class EntryStore(CompressedSpec):
+    """One row per `ratio` tokens: the pooled entry (and, for CSA, its indexer key), `width` elements."""
+
+    width: int = 0
+
+
+def store_specs(cfg: ModelConfig, layer: int) -> tuple[WindowStore, EntryStore | None]:
     """The window store's and the entry store's spec of one layer."""
-    v4, head_dim = cfg.deepseek_v4, cfg.head_dim
+    v4, head_dim = cfg.extra, cfg.head_dim
     kind = v4.layer_types[layer]
     if kind == WINDOW:
-        return KVCacheSpec(cfg.sliding_window, width=head_dim), None
+        return WindowStore(cfg.sliding_window, width=head_dim), None
     ratio, csa = v4.compress_rates[kind], kind == CSA
     # Pending rows: HCA pools the current window; CSA also the previous window's Ca half (2 × ratio tokens).
     keep = max(cfg.sliding_window, 2 * ratio if csa else ratio)
     projections = 2 * 2 * head_dim + 2 * 2 * v4.index_head_dim if csa else 2 * head_dim  # value and gate
     entry_width = head_dim + (v4.index_head_dim if csa else 0)
-    return KVCacheSpec(keep, width=head_dim + projections), KVCacheSpec(None, ratio=ratio, width=entry_width)
+    return WindowStore(keep, width=head_dim + projections), EntryStore(ratio, width=entry_width)
 
 
 def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
     """Stores grouped by spec into pages of one width: of the widths that fit the widest row and pack
     some entry store exactly, the one whose entry pages grow least per token (they are what grows)."""
-    caches: list[KVCacheSpec] = []
+    caches: list[WindowStore | EntryStore] = []
     layer_caches = []
     for window, entry in (store_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)):
         caches.append(window)
@@ -65,7 +100,7 @@ def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
         if entry is not None:
             caches.append(entry)
     widest = max(spec.width for spec in caches)
-    rows = {widest} | {-(-widest // s.width) * s.width for s in caches if s.window is None}
+    rows = {widest} | {-(-widest // s.width) * s.width for s in caches if isinstance(s, EntryStore)}
     row, groups = min(((r, _groups(caches, r)) for r in rows), key=lambda rg: (_growth(*rg), rg[0]))
     slots, owners = [0] * len(caches), [0] * len(caches)
     for index, group in enumerate(groups):
@@ -75,19 +110,19 @@ def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
                               tuple(layer_caches), row)
 
 
-def _groups(caches: list[KVCacheSpec], row: int) -> list[KVCacheGroup]:
+def _groups(caches: list[WindowStore | EntryStore], row: int) -> list[KVCacheGroup]:
     """Stores of one spec side by side, as many as fit a page row; entry stores too few to fill it take
     more rows each."""
-    by_spec: dict[KVCacheSpec, list[int]] = {}
+    by_spec: dict[WindowStore | EntryStore, list[int]] = {}
     for cache, spec in enumerate(caches):
         by_spec.setdefault(spec, []).append(cache)
-    largest_ratio = math.lcm(*(spec.ratio for spec in caches))
+    largest_ratio = math.lcm(*(spec.ratio for spec in caches if isinstance(spec, EntryStore)))
     groups = []
     for spec, members in by_spec.items():
         size = min(len(members), row // spec.width)
         for i in range(0, len(members), size):
             layers = tuple(members[i : i + size])
-            if spec.window is None:
+            if isinstance(spec, EntryStore):
                 fit = row // (len(layers) * spec.width)
                 spec = replace(spec, block_rows=_block_rows(fit, spec.ratio, largest_ratio))
             groups.append(KVCacheGroup(spec, layers))
@@ -96,12 +131,12 @@ def _groups(caches: list[KVCacheSpec], row: int) -> list[KVCacheGroup]:
 
 def _growth(row: int, groups: list[KVCacheGroup]) -> float:
     """Page elements per token of the entry groups."""
-    return sum(row / g.spec.span for g in groups if g.spec.window is None)
+    return sum(row / g.spec.span for g in groups if g.spec.grows)
 
 
 def _block_rows(fit: int, ratio: int, largest_ratio: int) -> int:
     """The most rows (≤ fit) whose block still spans a divisor of the largest ratio's block (where prefix hits
-    must cover whole blocks, with no copy_block, a longer span would coarsen every hit)."""
+    must cover whole blocks, without partial-block copies, a longer span would coarsen every hit)."""
     return max(m for m in range(1, fit + 1) if largest_ratio % (ratio * m) == 0)
 
 
@@ -121,19 +156,22 @@ class CompressedKVCache:
         # What each further token adds: the pages of the entry stores (window stores stop growing).
         page_bytes = self.pool[0].nbytes
         self.bytes_per_token = round(sum(
-            page_bytes / g.spec.tokens_per_block(block_size) for g in layout.groups if g.spec.window is None
+            page_bytes / g.spec.tokens_per_block(block_size) for g in layout.groups if g.spec.grows
         ))
+
+    @classmethod
+    def layout(cls, cfg: ModelConfig) -> CompressedKVLayout:
+        return compressed_kv_layout(cfg)
+
+    @classmethod
+    def block_bytes(cls, layout: CompressedKVLayout, cfg: ModelConfig, config: EngineConfig) -> int:
+        return config.block_size * layout.row_elements * config.torch_dtype.itemsize
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, layout: CompressedKVLayout, num_blocks: int, config: EngineConfig,
+              device: torch.device) -> "CompressedKVCache":
+        return cls(layout, num_blocks, config.block_size, config.torch_dtype, device)
 
     def copy_block(self, src: int, dst: int) -> None:
         self.pool[dst] = self.pool[src]
 
-
-def check_supported(config: EngineConfig) -> None:
-    """Engine options DeepSeek V4's cache does not take (one-line errors, before anything is loaded)."""
-    if config.kv_cache_dtype != "auto":
-        raise UnsupportedModelError(
-            f"kv_cache_dtype={config.kv_cache_dtype!r}: DeepSeek V4's compressed cache is stored in the model dtype")
-    if config.tensor_parallel_size != 1:
-        raise UnsupportedModelError("DeepSeek V4 does not run under tensor parallelism yet")
-    if config.disable_sliding_window:
-        raise UnsupportedModelError("DeepSeek V4's sliding window is part of its attention: it cannot be disabled")

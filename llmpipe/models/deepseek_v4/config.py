@@ -8,13 +8,46 @@ rope_scaling that applies to the compressed layers only). Missing keys take Deep
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import CSA, HCA, DeepseekV4Fields
-from llmpipe.diagnose.compressed_kv import layer_schedule
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.models.deepseek_v4.moe import SCORE_FUNCTIONS
+
+# Layer types (transformers' names): window only, compressed sparse, heavily compressed.
+WINDOW, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+RATIO_TO_LAYER_TYPE = {0: WINDOW, 4: CSA, 128: HCA}  # `compress_ratios` entries, as transformers reads them
+DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
+
+
+@dataclass(frozen=True)
+class DeepseekV4Fields:
+    """DeepSeek V4's own hyperparameters, named as in transformers' DeepseekV4Config."""
+
+    # Per layer: "sliding_attention" (window only), "compressed_sparse_attention" (CSA),
+    # "heavily_compressed_attention" (HCA); compress_rates maps the last two to their ratios.
+    layer_types: tuple[str, ...]
+    compress_rates: dict[str, int]
+    q_lora_rank: int
+    o_groups: int
+    o_lora_rank: int
+    rope_head_dim: int  # RoPE on the last rope_head_dim dims of each head, interleaved pairs
+    compress_rope_theta: float
+    compress_rope_scaling: dict[str, Any] | None  # Hugging Face rope dict of the CSA/HCA layers (yarn)
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    hc_mult: int
+    hc_sinkhorn_iters: int
+    hc_eps: float
+    mlp_layer_types: tuple[str, ...]  # per layer: "hash_moe" / "moe"
+    num_experts: int
+    num_experts_per_tok: int
+    routed_scaling_factor: float
+    scoring_func: str
+    swiglu_limit: float
+
 
 V4_DEFAULTS: dict[str, Any] = {
     "moe_intermediate_size": 2048, "num_key_value_heads": 1, "head_dim": 512, "sliding_window": 128,
@@ -113,6 +146,34 @@ def _mlp_layer_types(cfg: dict[str, Any], layers: int, path: Path) -> tuple[str,
     if len(types) != layers or set(types) - {"hash_moe", "moe"}:
         raise ModelLoadError(f"{path}: DeepSeek V4 mlp_layer_types {list(types)} for {layers} layers")
     return types
+
+
+def layer_schedule(cfg: dict) -> tuple[list[str], dict[str, int]]:
+    """Each layer's type and each compressed type's ratio, as transformers' `DeepseekV4Config` derives them.
+    Published checkpoints ship `compress_ratios` (one more than the layers: the MTP layer's, dropped); transformers
+    saves `layer_types` and `compress_rates`."""
+    n = config_int(cfg, "num_hidden_layers")
+    rates = {**DEFAULT_COMPRESS_RATES, **(cfg.get("compress_rates") or {})}
+    for layer_type, legacy in ((CSA, "compress_rate_csa"), (HCA, "compress_rate_hca")):
+        rates[layer_type] = cfg.get(legacy, rates[layer_type])
+    if cfg.get("layer_types"):
+        types = list(cfg["layer_types"][:n])
+    elif "compress_ratios" in cfg:
+        unknown = set(cfg["compress_ratios"]) - set(RATIO_TO_LAYER_TYPE)
+        if unknown:
+            raise ModelLoadError(f"DeepSeek V4 compress_ratios: {sorted(unknown)} not among 0, 4, 128")
+        types = [RATIO_TO_LAYER_TYPE[r] for r in cfg["compress_ratios"][:n]]
+    else:
+        raise ModelLoadError("DeepSeek V4 config has neither compress_ratios nor layer_types")
+    if len(types) != n or set(types) - {WINDOW, CSA, HCA}:
+        raise ModelLoadError(f"DeepSeek V4 config: layer types {sorted(set(types))} for {n} layers")
+    return types, rates
+
+
+def config_int(cfg: dict, name: str) -> int:
+    if not isinstance(cfg.get(name), int):
+        raise ModelLoadError(f"{cfg.get('model_type')} config lacks an integer {name}")
+    return cfg[name]
 
 
 def _rope_head_dim(cfg: dict[str, Any]) -> int:

@@ -21,7 +21,7 @@ from llmpipe.layers.norm import unweighted_rms_norm
 class HyperConnection(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        v4, n = cfg.deepseek_v4, cfg.deepseek_v4.hc_mult
+        v4, n = cfg.extra, cfg.extra.hc_mult
         self.hc_mult, self.sinkhorn_iters, self.hc_eps = n, v4.hc_sinkhorn_iters, v4.hc_eps
         self.norm_eps = cfg.rms_norm_eps
         mixes = (2 + n) * n  # pre (n), post (n), comb (n × n)
@@ -65,8 +65,8 @@ class HyperHead(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        n = cfg.deepseek_v4.hc_mult
-        self.hc_eps, self.norm_eps = cfg.deepseek_v4.hc_eps, cfg.rms_norm_eps
+        n = cfg.extra.hc_mult
+        self.hc_eps, self.norm_eps = cfg.extra.hc_eps, cfg.rms_norm_eps
         self.hc_fn = nn.Parameter(torch.empty(n, n * cfg.hidden_size))
         self.hc_base = nn.Parameter(torch.empty(n))
         self.hc_scale = nn.Parameter(torch.empty(1))

@@ -3,7 +3,7 @@
 embed → hc_mult copies of it (the streams) → N × [mHC collapse → RMSNorm → attention (sliding window +
 CSA / HCA entries) → mHC expand; mHC collapse → RMSNorm → MoE (routed + shared experts) → mHC expand]
 → mHC head → RMSNorm → LM head. Parameter names follow transformers' DeepseekV4ForCausalLM, with the
-shared expert's gate/up stacked (deepseek_v4_weights.py maps the checkpoint's names onto them). Norms,
+shared expert's gate/up stacked (weights.py maps the checkpoint's names onto them). Norms,
 hyper-connections, sinks, position biases and the router's correction bias stay float32 in a bfloat16
 model, as transformers' `_keep_in_fp32_modules_strict` keeps them.
 """
@@ -22,8 +22,8 @@ from llmpipe.models.deepseek_v4.hyper_connection import HyperConnection, HyperHe
 from llmpipe.models.deepseek_v4.moe import DeepseekV4MoE
 from llmpipe.layers.norm import Float32RMSNorm
 from llmpipe.layers.rotary import InterleavedRotaryEmbedding
-from llmpipe.models.deepseek_v4.weights import load_deepseek_v4_weights, locate, model_tensors
-from llmpipe.models.llama.model import LlamaForCausalLM
+from llmpipe.models.causal_lm import CausalLM
+from llmpipe.models.deepseek_v4.weights import load_deepseek_v4_weights, locate
 from llmpipe.quant.formats import QuantizedWeight
 
 # Kept in float32: parameters whose name contains one of these (transformers matches them the same way).
@@ -55,7 +55,7 @@ class DeepseekV4DecoderLayer(nn.Module):
 class DeepseekV4Model(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        v4 = cfg.deepseek_v4
+        v4 = cfg.extra
         self.hc_mult = v4.hc_mult
         # An empty weight skips nn.Embedding's random init (see llama.py).
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
@@ -78,8 +78,8 @@ class DeepseekV4Model(nn.Module):
         return self.norm(self.hc_head(streams))
 
 
-class DeepseekV4ForCausalLM(LlamaForCausalLM):
-    """The LM head comes from the Llama family; the body, the checkpoint names and the float32 parameters are V4's."""
+class DeepseekV4ForCausalLM(CausalLM):
+    """V4's body, checkpoint names and float32 parameters behind the shared LM head."""
 
     model_class = DeepseekV4Model
 
@@ -98,8 +98,3 @@ class DeepseekV4ForCausalLM(LlamaForCausalLM):
                 param.data = param.data.float()
         return self
 
-
-def checkpoint_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every checkpoint tensor a model of this config loads and its shape, in model order."""
-    with torch.device("meta"):
-        return model_tensors(DeepseekV4ForCausalLM(cfg))

@@ -29,7 +29,7 @@ class Router(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        v4 = cfg.deepseek_v4
+        v4 = cfg.extra
         self.top_k, self.scaling = v4.num_experts_per_tok, v4.routed_scaling_factor
         self.score_fn = SCORE_FUNCTIONS[v4.scoring_func]
         self.weight = nn.Parameter(torch.empty(v4.num_experts, cfg.hidden_size))
@@ -51,7 +51,7 @@ class TopKRouter(Router):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
-        self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.deepseek_v4.num_experts), requires_grad=False)
+        self.e_score_correction_bias = nn.Parameter(torch.zeros(cfg.extra.num_experts), requires_grad=False)
 
     def choose(self, scores: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         return torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1, sorted=False).indices
@@ -71,7 +71,7 @@ class HashRouter(Router):
 class Experts(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        v4 = cfg.deepseek_v4
+        v4 = cfg.extra
         experts, hidden, inner = v4.num_experts, cfg.hidden_size, cfg.intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
@@ -107,7 +107,7 @@ class SharedExpert(nn.Module):
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inner, bias=False)
         self.gate_up_proj.shard_sizes = (inner, inner)
         self.down_proj = Linear(inner, cfg.hidden_size, bias=False)
-        self.limit = cfg.deepseek_v4.swiglu_limit
+        self.limit = cfg.extra.swiglu_limit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(clamped_swiglu(self.gate_up_proj(x), self.limit))
@@ -116,7 +116,7 @@ class SharedExpert(nn.Module):
 class DeepseekV4MoE(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        is_hash = cfg.deepseek_v4.mlp_layer_types[layer] == "hash_moe"
+        is_hash = cfg.extra.mlp_layer_types[layer] == "hash_moe"
         self.gate = HashRouter(cfg) if is_hash else TopKRouter(cfg)
         self.experts = Experts(cfg)
         self.shared_experts = SharedExpert(cfg)

@@ -16,9 +16,10 @@ from llmpipe.config import ModelConfig
 from llmpipe.layers import attention_kernel
 from llmpipe.layers.activation import ACTIVATIONS
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
-from llmpipe.layers.linear import Linear, linear
+from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
+from llmpipe.models.causal_lm import CausalLM
 from llmpipe.models.llama.decode_step import LlamaDecodeStep
 from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
@@ -125,25 +126,8 @@ class LlamaModel(nn.Module):
         return self._decode_step
 
 
-class LlamaForCausalLM(nn.Module):
-    model_class: type[nn.Module] = LlamaModel  # the body; other families reuse the head and weight loading
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.config = cfg
-        self.model = self.model_class(cfg)
-        tied = cfg.tie_word_embeddings
-        self.lm_head = None if tied else Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.splits = torch.get_num_threads()
-
-    def forward(self, input_ids, positions, kv_caches, metas) -> torch.Tensor:
-        """Hidden states [T, hidden] of the new tokens."""
-        return self.model(input_ids, positions, kv_caches, metas)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None:
-            return linear(hidden, self.model.embed_tokens.weight, splits=self.splits)
-        return self.lm_head(hidden)
+class LlamaForCausalLM(CausalLM):
+    model_class: type[nn.Module] = LlamaModel  # Gemma 3 reuses the head and weight loading with its own body
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]) -> None:
         """Copy checkpoint tensors (Hugging Face names) in, stacking q/k/v and gate/up."""

@@ -1,0 +1,86 @@
+"""What a model family tells the shared code: one `ModelFamily` per folder under models/, listed in registry.py.
+
+The loaders parse the fields every architecture has (loader/hf_config.py, loader/gguf_config.py) and ask the
+family for its own; the checkpoint's tensor list and the linear weights quantization converts come from the
+family's model built on the meta device, so a family never lists its weights by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+
+import torch
+from torch import nn
+
+from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.layers.linear import Linear
+from llmpipe.models.weights import EMBED, Stacking, shards
+
+if TYPE_CHECKING:
+    from llmpipe.loader.gguf_names import GGUFArchitecture
+
+Shape = tuple[int, ...]
+
+
+class ModelFamily:
+    name: ClassVar[str]
+    model_class: ClassVar[type[nn.Module]]  # built from a ModelConfig; loads checkpoint-named tensors
+    model_types: ClassVar[tuple[str, ...]] = ()  # Hugging Face config.json `model_type`s it reads
+    gguf: ClassVar[dict[str, GGUFArchitecture]] = {}  # GGUF `general.architecture` → its tensor-name table
+    stacked: ClassVar[Stacking] = ()  # parameters that stack several checkpoint tensors by rows (q/k/v → qkv_proj)
+    # model_type → config.json's "architectures" entry, for those whose config.json llmpipe writes (`llmpipe quantize`)
+    hf_architectures: ClassVar[dict[str, str]] = {}
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        """Every ModelConfig.architecture of the family: its Hugging Face model types and GGUF architectures."""
+        return tuple(dict.fromkeys((*self.model_types, *self.gguf)))
+
+    def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(config.json with the family's own names and defaults rewritten to the common ones that
+        loader/hf_config.py reads, the ModelConfig fields the family sets itself, overriding those)."""
+        return cfg, {}
+
+    def gguf_fields(self, hp: Callable[..., Any]) -> dict[str, Any]:
+        """ModelConfig fields from the family's GGUF metadata; hp(key, *default) reads `{architecture}.{key}`."""
+        return {}
+
+    def hf_config_fields(self, config: ModelConfig) -> dict[str, Any]:
+        """The family's own entries of the config.json that hf_config_dict writes."""
+        return {}
+
+    @property
+    def kv_cache_class(self) -> type:
+        """The engine's KV cache class for the family's layers (engine/kv_cache.py's KVCache protocol)."""
+        from llmpipe.engine.kv_cache import PagedKVCache  # deferred: the engine imports the models
+
+        return PagedKVCache
+
+    def check_engine_options(self, config: EngineConfig) -> None:
+        """Raise UnsupportedModelError (one line) for an engine option the family cannot run with."""
+
+    def checkpoint_tensors(self, model: nn.Module, param: str, shape: Shape) -> dict[str, Shape]:
+        """The checkpoint tensors (name → shape) that fill one parameter of the model: itself, or the
+        row slices of a stacked one."""
+        module_name, _, kind = param.rpartition(".")
+        module = model.get_submodule(module_name)
+        return {f"{prefix}.{kind}": (len(range(shape[0])[rows]), *shape[1:])
+                for prefix, rows in shards(module_name, module, self.stacked)}
+
+    def weight_shapes(self, config: ModelConfig) -> dict[str, Shape]:
+        """Every checkpoint tensor a model of `config` loads, with its shape, in model order."""
+        return {name: shape for _, tensors in self._parameters(config) for name, shape in tensors.items()}
+
+    def linear_weights(self, config: ModelConfig) -> list[str]:
+        """Checkpoint names of the weights quantization converts: those filling a Linear layer's weight, and
+        the embedding (quantized only as a tied head's matrix)."""
+        return [name for (param, module), tensors in self._parameters(config)
+                if (isinstance(module, Linear) and param.endswith(".weight")) or param == EMBED for name in tensors]
+
+    def _parameters(self, config: ModelConfig) -> Iterator[tuple[tuple[str, nn.Module], dict[str, Shape]]]:
+        with torch.device("meta"):
+            model = self.model_class(config)
+        for param, tensor in model.named_parameters():
+            module = model.get_submodule(param.rpartition(".")[0])
+            yield (param, module), self.checkpoint_tensors(model, param, tuple(tensor.shape))
