@@ -38,13 +38,27 @@ def add_serve_parser(sub) -> None:
         choices=sorted(TOOL_PARSERS),
         help="how the model writes tool calls (default: recognised from its chat template)",
     )
+    serve.add_argument(
+        "--data-parallel-size", type=_positive, default=1,
+        help="engine replicas (each its own core and KV cache) on Ray Serve behind this one endpoint (needs llmpipe[ray])",
+    )
+    serve.add_argument(
+        "--routing", default="prefix", choices=["prefix", "round_robin"],
+        help="with --data-parallel-size > 1: the replica holding the prompt's prefix (else the least loaded), or round-robin",
+    )
     add_engine_args(serve)
     serve.set_defaults(func=run_serve, max_decode_stall=2.0)  # streams first: new prompts join in chunks
 
 
+def _positive(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None = None) -> None:
-    """Start the engine core process, then serve HTTP from this one until SIGINT / SIGTERM, or until
-    the core dies (then every request in flight gets an error and the server exits with status 1,
+    """Start the engine core process (or, with --data-parallel-size N, N engine replicas on Ray Serve:
+    llmpipe/deploy/), then serve HTTP from this one until SIGINT / SIGTERM, or until the core dies (then every request in flight gets an error and the server exits with status 1,
     for a supervisor to restart it). `before_step`: see CoreLoop (tests pace the engine with it);
     it runs in the core process, so it must be picklable."""
     import uvicorn
@@ -76,7 +90,14 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
 
     config = EngineConfig.from_kwargs(model=args.model, **engine_kwargs(args))
     tokenizer = load_checkpoint(config.model).tokenizer  # the API side's; the core loads the weights
-    engine = AsyncEngine(ProcessCoreClient(config, before_step), tokenizer, args.max_waiting)
+    if args.data_parallel_size > 1:
+        from llmpipe.deploy.ray import data_parallel_client, stop_replicas
+
+        client, close = data_parallel_client(args, before_step), stop_replicas
+    else:
+        client = ProcessCoreClient(config, before_step)
+        close = client.close
+    engine = AsyncEngine(client, tokenizer, args.max_waiting)
     app = create_app(
         engine,
         args.served_model_name or args.model,
@@ -107,7 +128,7 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
     try:
         server.run()
     finally:
-        engine.client.close()
+        close()
     if core_died:
         print(f"llmpipe: error: {core_died[0]}; the server stopped", file=sys.stderr)
         sys.exit(1)

@@ -1,0 +1,124 @@
+"""Data-parallel serving on Ray Serve: N engine replicas (replica.py), each with its own engine core and
+KV cache, behind one OpenAI-compatible ingress that routes by prefix-cache affinity (router.py).
+
+Two ways in, one client (client.py) and one FastAPI app (server/app.py) in both:
+- `llmpipe serve --data-parallel-size N`: Ray on this machine, the replicas as Serve applications, the
+  HTTP server in the CLI's process as for one engine (`serve_data_parallel`).
+- `build_app(args)`: a Ray Serve application for an existing cluster (`serve run
+  llmpipe.deploy.ray:build_app model=... data_parallel_size=2`, or a Serve config file / KubeRay
+  RayService: deploy/rayservice.yaml), the ingress a Serve deployment behind Serve's HTTP proxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+from llmpipe.errors import LLMPipeError
+
+
+def require_ray():
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise LLMPipeError("--data-parallel-size > 1 runs the replicas on Ray Serve: pip install 'llmpipe[ray]'") from None
+    return ray, serve
+
+
+def replica_app(index: int, engine_kwargs: dict, num_cpus: float, before_step: Callable[[], None] | None = None):
+    """One engine replica as a Serve deployment (Serve restarts it if its actor or engine dies)."""
+    from llmpipe.deploy.replica import EngineReplica
+
+    _, serve = require_ray()
+    deployment = serve.deployment(
+        EngineReplica, name=f"llmpipe-replica-{index}", num_replicas=1, max_ongoing_requests=100_000,
+        ray_actor_options={"num_cpus": num_cpus}, health_check_period_s=2, health_check_timeout_s=60,
+    )
+    return deployment.bind(engine_kwargs, before_step)
+
+
+def serve_options(args: dict[str, Any]) -> argparse.Namespace:
+    """`llmpipe serve`'s options (defaults included) from a dict of their snake_case names."""
+    from llmpipe.cli import build_parser
+
+    parsed = build_parser().parse_args(["serve", "--model", str(args.get("model", "smollm2-135m-instruct"))])
+    unknown = sorted(set(args) - set(vars(parsed)))
+    if unknown:
+        raise LLMPipeError(f"unknown llmpipe serve option(s): {', '.join(unknown)}")
+    for name, value in args.items():
+        setattr(parsed, name, value)
+    return parsed
+
+
+async def _ingress_app(replicas: list, args: argparse.Namespace):
+    """The single server's FastAPI app over the replicas."""
+    from llmpipe.deploy.client import DataParallelCoreClient
+    from llmpipe.deploy.router import make_router
+    from llmpipe.loader import load_checkpoint
+    from llmpipe.server.app import create_app
+    from llmpipe.server.async_engine import AsyncEngine
+
+    client = await DataParallelCoreClient.aconnect(replicas, make_router(args.routing, args.block_size))
+    engine = AsyncEngine(client, load_checkpoint(args.model).tokenizer, args.max_waiting)
+    return create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
+                      body_timeout=args.body_timeout, tool_call_parser=args.tool_call_parser)
+
+
+def _ingress_class():
+    _, serve = require_ray()
+
+    @serve.ingress()
+    class OpenAIIngress:
+        async def __init__(self, replicas: list, args: argparse.Namespace) -> None:
+            self.app = await _ingress_app(replicas, args)
+
+        def __serve_build_asgi_app__(self):
+            return self.app
+
+    return serve.deployment(OpenAIIngress, name="llmpipe-ingress", max_ongoing_requests=100_000)
+
+
+def build_app(args: dict[str, Any]):
+    """Ray Serve application builder: `args` are `llmpipe serve` options by name (data_parallel_size,
+    routing, model, tensor_parallel_size, num_threads, api_key, …)."""
+    from llmpipe.cli import engine_kwargs
+
+    options = serve_options(args)
+    kwargs = dict(engine_kwargs(options), model=options.model)
+    replicas = [replica_app(i, kwargs, options.num_threads or 1) for i in range(options.data_parallel_size)]
+    return _ingress_class().bind(replicas, options)
+
+
+def start_replicas(options: argparse.Namespace, before_step: Callable[[], None] | None = None) -> list:
+    """Ray on this machine (or the cluster RAY_ADDRESS names), the replicas running, their handles."""
+    from llmpipe.cli import engine_kwargs
+
+    ray, serve = require_ray()
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
+    serve.start(proxy_location="Disabled")
+    kwargs = dict(engine_kwargs(options), model=options.model)
+    targets = [serve.RunTarget(replica_app(i, kwargs, options.num_threads or 1, before_step),
+                               name=f"llmpipe-replica-{i}", route_prefix=None)
+               for i in range(options.data_parallel_size)]
+    return serve.run_many(targets)
+
+
+def data_parallel_client(options: argparse.Namespace, before_step: Callable[[], None] | None = None):
+    """`llmpipe serve --data-parallel-size N`'s client: the replicas started, routed as --routing says."""
+    from llmpipe.deploy.client import DataParallelCoreClient
+    from llmpipe.deploy.router import make_router
+
+    router = make_router(options.routing, options.block_size)
+    try:
+        return DataParallelCoreClient.connect(start_replicas(options, before_step), router)
+    except BaseException:
+        stop_replicas()
+        raise
+
+
+def stop_replicas() -> None:
+    ray, serve = require_ray()
+    serve.shutdown()
+    ray.shutdown()

@@ -1,0 +1,87 @@
+"""One data-parallel rank as a Ray Serve deployment: an engine core (model, KV cache, scheduler) stepping
+on a thread of the replica's actor. Token ids cross, never text, as between `llmpipe serve`'s API server
+and its core process: `add` and `abort` in, and a stream of every step's outputs and stats out (`steps`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import AsyncIterator, Callable
+
+import msgspec
+
+from llmpipe.config import EngineConfig
+from llmpipe.engine.core import CoreInfo, EngineCore, EngineStats
+from llmpipe.engine.core_client import ThreadCoreClient
+from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
+
+
+class ReplicaStep(msgspec.Struct, array_like=True):
+    """A step's outputs and the replica's stats after it; `died` set once its engine stopped."""
+
+    outputs: EngineCoreOutputs
+    stats: EngineStats
+    died: str | None = None
+
+
+encoder = msgspec.msgpack.Encoder()
+info_decoder = msgspec.msgpack.Decoder(CoreInfo)
+step_decoder = msgspec.msgpack.Decoder(ReplicaStep)
+request_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+
+
+class EngineReplica:
+    def __init__(self, engine_kwargs: dict, before_step: Callable[[], None] | None = None) -> None:
+        """`engine_kwargs`: EngineConfig's fields; `before_step` as CoreLoop's (tests pace the engine)."""
+        self.core = EngineCore(EngineConfig.from_kwargs(**engine_kwargs), progress=False)
+        self.client = ThreadCoreClient(self.core, before_step)
+        self.stats = self.client.stats
+        self.dead: str | None = None
+        self._started = False
+        self._subscribers: set[asyncio.Queue] = set()
+
+    def _start(self) -> None:
+        """On the actor's event loop, at the first call that needs the engine running."""
+        if not self._started:
+            self.client.start(self._on_step, self._on_death)
+            self._started = True
+
+    def _on_step(self, outputs: EngineCoreOutputs, stats: EngineStats) -> None:
+        self.stats = stats
+        self._publish(ReplicaStep(outputs, stats))
+
+    def _on_death(self, reason: str) -> None:
+        self.dead = reason
+        self._publish(ReplicaStep(EngineCoreOutputs([], 0.0), self.stats, died=reason))
+
+    def _publish(self, step: ReplicaStep) -> None:
+        payload = encoder.encode(step)
+        for queue in self._subscribers:
+            queue.put_nowait(payload)
+
+    async def info(self) -> bytes:
+        return encoder.encode(self.core.info(os.getpid()))
+
+    async def add(self, request: bytes) -> None:
+        self._start()
+        self.client.add(request_decoder.decode(request))
+
+    async def abort(self, targets: list[tuple[str, int | None]]) -> None:
+        self.client.abort([tuple(t) for t in targets])
+
+    async def steps(self) -> AsyncIterator[bytes]:
+        """Every step from now on (first a snapshot of the stats): what a front end follows."""
+        self._start()
+        queue: asyncio.Queue = asyncio.Queue()
+        self._subscribers.add(queue)
+        try:
+            yield encoder.encode(ReplicaStep(EngineCoreOutputs([], 0.0), self.stats, died=self.dead))
+            while self.dead is None:
+                yield await queue.get()
+        finally:
+            self._subscribers.discard(queue)
+
+    def check_health(self) -> None:
+        """Ray Serve's probe: a replica whose engine died is restarted."""
+        if self.dead is not None:
+            raise RuntimeError(self.dead)
