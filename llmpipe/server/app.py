@@ -61,7 +61,7 @@ class Server:
         self.engine = engine
         self.model_name = model_name
         self.created = int(time.time())
-        self.metrics = ServerMetrics(lambda: self.engine.stats)
+        self.metrics = ServerMetrics(self.engine.labelled_stats)
         engine.on_output = self.metrics.observe
         self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
         self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name, tool_call_parser)

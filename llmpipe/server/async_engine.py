@@ -127,6 +127,13 @@ class AsyncEngine:
     def alive(self) -> bool:
         return self._started and self._dead is None and self.client.alive
 
+    def labelled_stats(self) -> list[tuple[dict[str, str], EngineStats]]:
+        """The core's latest stats, or each data-parallel replica's that is up, labelled `replica`."""
+        replicas = getattr(self.client, "replica_stats", None)
+        if replicas is None:
+            return [({}, self.stats)]
+        return [({"replica": str(i)}, s) for i, s in enumerate(replicas) if s is not None]
+
     @property
     def num_waiting(self) -> int:
         return len(self._unseen)

@@ -23,31 +23,49 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 
 
+Snapshots = Callable[[], list[tuple[dict[str, str], EngineStats]]]  # (labels, stats): one engine, or each replica's
+ENGINE_METRICS: tuple[tuple[type, str, str, Callable[[EngineStats], float]], ...] = (
+    (GaugeMetricFamily, "llmpipe:num_requests_running", "Sequences in the running batch.", lambda s: s.num_running),
+    (GaugeMetricFamily, "llmpipe:num_requests_waiting", "Sequences waiting to be scheduled.", lambda s: s.num_waiting),
+    (GaugeMetricFamily, "llmpipe:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", lambda s: s.kv_cache_usage),
+    (CounterMetricFamily, "llmpipe:num_preemptions", "Preemptions (recompute).", lambda s: s.num_preemptions),
+    (CounterMetricFamily, "llmpipe:prefix_cache_queries", "Prompt blocks looked up in the prefix cache.",
+     lambda s: s.prefix_cache_queries),
+    (CounterMetricFamily, "llmpipe:prefix_cache_hits", "Prompt blocks served by the prefix cache.",
+     lambda s: s.prefix_cache_hits),
+)
+SPEC_METRICS = (
+    ("llmpipe:spec_decode_num_drafts", "Speculative proposals verified.", "num_drafts"),
+    ("llmpipe:spec_decode_num_draft_tokens", "Tokens proposed.", "num_draft_tokens"),
+    ("llmpipe:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted.", "num_accepted_tokens"),
+)
+
+
 class _EngineCollector(Collector):
-    def __init__(self, stats: Callable[[], EngineStats]) -> None:
-        self._stats = stats
+    """Engine state at scrape time; behind a data-parallel ingress, one sample per replica (label `replica`)."""
+
+    def __init__(self, snapshots: Snapshots) -> None:
+        self._snapshots = snapshots
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        s = self._stats()
-        yield GaugeMetricFamily("llmpipe:num_requests_running", "Sequences in the running batch.", s.num_running)
-        yield GaugeMetricFamily("llmpipe:num_requests_waiting", "Sequences waiting to be scheduled.", s.num_waiting)
-        yield GaugeMetricFamily("llmpipe:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", s.kv_cache_usage)
-        yield CounterMetricFamily("llmpipe:num_preemptions", "Preemptions (recompute).", s.num_preemptions)
-        yield CounterMetricFamily(
-            "llmpipe:prefix_cache_queries", "Prompt blocks looked up in the prefix cache.", s.prefix_cache_queries
-        )
-        yield CounterMetricFamily("llmpipe:prefix_cache_hits", "Prompt blocks served by the prefix cache.", s.prefix_cache_hits)
-        if s.spec_decode is not None:
-            spec = s.spec_decode
-            yield CounterMetricFamily("llmpipe:spec_decode_num_drafts", "Speculative proposals verified.", spec.num_drafts)
-            yield CounterMetricFamily("llmpipe:spec_decode_num_draft_tokens", "Tokens proposed.", spec.num_draft_tokens)
-            yield CounterMetricFamily(
-                "llmpipe:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted.", spec.num_accepted_tokens
-            )
+        snapshots = self._snapshots()
+        names = sorted({name for labels, _ in snapshots for name in labels})
+        for family_type, name, doc, value in ENGINE_METRICS:
+            yield self._family(family_type, name, doc, names, [(labels, value(s)) for labels, s in snapshots])
+        spec = [(labels, s.spec_decode) for labels, s in snapshots if s.spec_decode is not None]
+        for name, doc, attr in SPEC_METRICS if spec else ():
+            yield self._family(CounterMetricFamily, name, doc, names, [(labels, getattr(d, attr)) for labels, d in spec])
+
+    @staticmethod
+    def _family(family_type: type, name: str, doc: str, names: list[str], samples: list[tuple[dict, float]]):
+        family = family_type(name, doc, labels=names)
+        for labels, value in samples:
+            family.add_metric([labels[n] for n in names], value)
+        return family
 
 
 class ServerMetrics:
-    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, snapshots: Snapshots) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram("llmpipe:time_to_first_token_seconds", "Time to first token.", buckets=TTFT_BUCKETS, registry=r)
@@ -63,7 +81,7 @@ class ServerMetrics:
         self.success = Counter(
             "llmpipe:request_success", "Finished requests by finish reason.", ["finished_reason"], registry=r
         )
-        r.register(_EngineCollector(stats))
+        r.register(_EngineCollector(snapshots))
 
     def observe(self, stream: RequestStream, output: RequestOutput) -> None:
         """Called with every output the engine hands back, in order."""

@@ -1,0 +1,70 @@
+"""Routing across data-parallel replicas: a prompt goes where its prefix was computed, unless that replica is
+too busy; a replica that is down gets nothing; round-robin takes turns."""
+
+import pytest
+
+from llmpipe.deploy.router import NoReplicaError, PrefixAffinityRouter, RoundRobinRouter, prefix_hashes
+from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.cache_kinds import FullAttentionSpec
+
+BLOCK = 4
+
+
+def test_prefix_hashes_are_the_engines_own_block_hashes():
+    tokens = list(range(30))
+    seq = type("Seq", (), {"block_hashes": [], "all_token_ids": tokens})()
+    manager = BlockManager(8, BLOCK, [FullAttentionSpec()])
+    assert prefix_hashes(tokens, BLOCK) == manager._hashes(seq, len(tokens) // BLOCK)
+
+
+def test_a_conversation_returns_to_the_replica_that_holds_its_prefix():
+    router = PrefixAffinityRouter(BLOCK, slack=2)
+    system_a, system_b = list(range(100, 120)), list(range(200, 220))
+    first_a = router.choose(system_a + [1, 2, 3, 4], [0, 0])
+    first_b = router.choose(system_b + [5, 6, 7, 8], [1, 0] if first_a == 0 else [0, 1])
+    assert first_a != first_b  # a new prefix goes to the least-loaded replica
+    for turn in range(5):  # each turn resends the conversation: longer, same beginning
+        assert router.choose(system_a + [1, 2, 3, 4] + list(range(turn * 8)), [1, 1]) == first_a
+        assert router.choose(system_b + [5, 6, 7, 8] + list(range(turn * 8)), [1, 1]) == first_b
+
+
+def test_a_busy_preferred_replica_yields_to_the_least_loaded():
+    router = PrefixAffinityRouter(BLOCK, slack=2)
+    prompt = list(range(40))
+    assert router.choose(prompt, [0, 0]) == 0
+    assert router.choose(prompt, [2, 0]) == 0  # within the slack
+    assert router.choose(prompt, [3, 0]) == 1  # past it
+    assert router.choose(prompt, [1, 1]) == 1  # the prefix now lives where it was last computed
+
+
+def test_replicas_that_are_down_get_nothing_and_forgetting_clears_affinity():
+    router = PrefixAffinityRouter(BLOCK)
+    prompt = list(range(40))
+    assert router.choose(prompt, [0, 5]) == 0
+    assert router.choose(prompt, [None, 5]) == 1
+    router.forget(1)
+    assert router.choose(prompt, [0, 0]) == 0  # nobody holds it: the least loaded (first on ties)
+    with pytest.raises(NoReplicaError, match="no engine replica is up"):
+        router.choose(prompt, [None, None])
+
+
+def test_round_robin_takes_turns_among_the_replicas_that_are_up():
+    router = RoundRobinRouter()
+    assert [router.choose([1], [0, 0, 0]) for _ in range(4)] == [0, 1, 2, 0]
+    assert [router.choose([1], [0, None, 0]) for _ in range(3)] == [2, 0, 2]
+
+
+def test_the_affinity_table_is_bounded():
+    router = PrefixAffinityRouter(BLOCK, capacity=10)
+    for start in range(0, 400, 40):
+        router.choose(list(range(start, start + 40)), [0, 0])
+    assert len(router.owners) == 10
+
+
+def test_without_ray_data_parallel_serving_is_one_clear_error(tiny_path, monkeypatch, capsys):
+    from llmpipe.cli import main
+
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # `import ray` raises ImportError
+    assert main(["serve", "--model", tiny_path, "--data-parallel-size", "2"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "llmpipe: error: --data-parallel-size > 1 runs the replicas on Ray Serve: pip install 'llmpipe[ray]'"
