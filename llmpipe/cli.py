@@ -28,6 +28,7 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--kv-cache-memory": dict(default="1GiB", help="KV cache budget: bytes or a size like 512MiB, 2GiB"),
     "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),
     "--block-size": dict(type=int, default=16),
+    "--device": dict(default="cpu", help="cpu, or cuda / cuda:N (PyTorch's device)"),
     "--max-num-seqs": dict(type=int, default=128),
     "--max-num-batched-tokens": dict(type=int, default=2048),
     "--max-decode-stall": dict(type=lambda v: None if v == "none" else float(v), default=None,

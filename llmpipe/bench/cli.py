@@ -127,6 +127,27 @@ def add_bench_parser(sub) -> None:
     compressed.add_argument("--plot", metavar="FILE.png", default="bench_results/compressed.png")
     compressed.set_defaults(func=_run_compressed)
 
+    multiturn = kinds.add_parser(
+        "multiturn", help="multi-turn chats (each turn resends the conversation): prefix-cache hit rate, TTFT; "
+                          "--compare runs them on a second server too")
+    multiturn.add_argument("--url", default="http://127.0.0.1:8000")
+    multiturn.add_argument("--compare", metavar="URL2", default=None,
+                           help="then the same chats against this server; prints hit rate (1)/(2), TTFT p50 (2)/(1)")
+    multiturn.add_argument("--model", default=None, help="model id to request (default: the server's first)")
+    multiturn.add_argument("--api-key", default=None)
+    multiturn.add_argument("--conversations", type=int, default=16)
+    multiturn.add_argument("--turns", type=int, default=4)
+    multiturn.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")
+    multiturn.add_argument("--max-tokens", type=int, default=16, help="tokens per assistant turn (ignore_eos)")
+    multiturn.add_argument("--system-words", type=int, default=280,
+                           help="words of each conversation's own system prompt (~300 tokens with SmolLM2's tokenizer)")
+    multiturn.add_argument("--user-words", type=int, default=38, help="words per user turn (~40 tokens)")
+    multiturn.add_argument("--seed", type=int, default=0)
+    multiturn.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    multiturn.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for each server")
+    multiturn.add_argument("--out", default="bench-results/multiturn.json")
+    multiturn.set_defaults(func=_run_multiturn)
+
     robust = kinds.add_parser(
         "robustness", help="huge and hostile requests beside a live stream: answer, /health latency, stream gaps")
     robust.add_argument("--base-url", default="http://127.0.0.1:8000")
@@ -179,6 +200,12 @@ def _run_serve(args) -> None:
     from llmpipe.bench import serve
 
     serve.main(args)
+
+
+def _run_multiturn(args) -> None:
+    from llmpipe.bench import multiturn
+
+    multiturn.main(args)
 
 
 def _run_robustness(args) -> None:

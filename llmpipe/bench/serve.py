@@ -37,6 +37,7 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
+    text: str = ""  # the streamed text (of one-choice requests), e.g. to resend as the next chat turn
 
     @property
     def tpot(self) -> float | None:
@@ -70,7 +71,9 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
                     result.error = str(data["error"])
                     return result
                 now = time.perf_counter()
-                if any(choice.get("text") for choice in data.get("choices", [])):
+                texts = [chunk_text(choice) for choice in data.get("choices", [])]
+                if any(texts):
+                    result.text += texts[0]
                     if chunks == 0:
                         result.ttft = now - start
                     else:
@@ -87,6 +90,11 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
     result.ok = chunks > 0
     result.error = "" if result.ok else "no text came back"
     return result
+
+
+def chunk_text(choice: dict) -> str:
+    """A streamed choice's new text: /v1/completions' `text`, or /v1/chat/completions' `delta.content`."""
+    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
 
 
 def percentiles(values: list[float]) -> dict[str, float | None]:

@@ -42,13 +42,35 @@ def serve_options(args: dict[str, Any]) -> argparse.Namespace:
     """`llmpipe serve`'s options (defaults included) from a dict of their snake_case names."""
     from llmpipe.cli import build_parser
 
-    parsed = build_parser().parse_args(["serve", "--model", str(args.get("model", "smollm2-135m-instruct"))])
+    parser = build_parser()
+    parsed = parser.parse_args(["serve", "--model", str(args.get("model", "smollm2-135m-instruct"))])
     unknown = sorted(set(args) - set(vars(parsed)))
     if unknown:
         raise LLMPipeError(f"unknown llmpipe serve option(s): {', '.join(unknown)}")
+    actions = {action.dest: action for action in _subparser(parser, "serve")._actions}
     for name, value in args.items():
-        setattr(parsed, name, value)
+        setattr(parsed, name, _typed(actions.get(name), value))
     return parsed
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+
+
+def _typed(action: argparse.Action | None, value: Any) -> Any:
+    """A value as its flag would parse it (`serve run ... key=value` passes every value as a string)."""
+    if not isinstance(value, str) or action is None:
+        return value
+    if action.nargs == 0 or isinstance(action, argparse.BooleanOptionalAction):  # a switch
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise LLMPipeError(f"{action.dest} must be true or false, got {value!r}")
+        return value.lower() in ("true", "1")
+    if value.lower() in ("none", "null") and action.default is None:
+        return None
+    typed = action.type(value) if action.type else value
+    if action.choices is not None and typed not in action.choices:
+        raise LLMPipeError(f"{action.dest} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+    return typed
 
 
 async def _ingress_app(replicas: list, args: argparse.Namespace):
@@ -71,10 +93,10 @@ def _ingress_class():
     @serve.ingress()
     class OpenAIIngress:
         async def __init__(self, replicas: list, args: argparse.Namespace) -> None:
-            self.app = await _ingress_app(replicas, args)
+            self.asgi_app = await _ingress_app(replicas, args)  # (Serve's wrapper owns `app`)
 
         def __serve_build_asgi_app__(self):
-            return self.app
+            return self.asgi_app
 
     return serve.deployment(OpenAIIngress, name="llmpipe-ingress", max_ongoing_requests=100_000)
 

@@ -13,7 +13,7 @@ import msgspec
 from llmpipe.config import EngineConfig
 from llmpipe.engine.core import CoreInfo, EngineCore, EngineStats
 from llmpipe.engine.core_client import ThreadCoreClient
-from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
 
 
 class ReplicaStep(msgspec.Struct, array_like=True):

@@ -128,8 +128,7 @@ class TensorParallelExecutor:
     # ---- what the engine calls on its runner ------------------------------------------------
 
     def execute(self, batch: SchedulerOutput) -> torch.Tensor:
-        for src, dst in batch.block_copies:  # on every rank, before the forward writes
-            self.copy_block(src, dst)
+        self.copy_blocks(batch.block_copies)
         return self._forward(*self.local.prepare_inputs(batch))
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
@@ -141,6 +140,10 @@ class TensorParallelExecutor:
     @property
     def kv_cache(self) -> ShardedKVCache:
         return ShardedKVCache(self)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        for src, dst in copies:  # on every rank, before the forward writes
+            self.copy_block(src, dst)
 
     def copy_block(self, src: int, dst: int) -> None:
         with self._guard():

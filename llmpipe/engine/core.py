@@ -517,6 +517,8 @@ class EngineCore:
         """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""
         scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None)
         no_hit = self.block_manager.no_hit()  # computed from scratch
+        # Queued copies first: a block the scratch takes may be one's source (freed since it was queued).
+        self.runner.copy_blocks(self.block_manager.take_block_copies())
         if not self.block_manager.can_allocate(scratch, no_hit, len(token_ids)):
             raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
         self.block_manager.allocate(scratch, no_hit, len(token_ids))

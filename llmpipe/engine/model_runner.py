@@ -16,7 +16,7 @@ from llmpipe.engine.kv_cache import kv_cache_class
 from llmpipe.engine.kv_cache_spec import KVCacheLayout
 from llmpipe.engine.scheduler import SchedulerOutput
 
-ChunkRows = tuple[list[BlockTable], int, int, int]  # a sequence's tables (one per group), start, end, first batch row
+ChunkTables = tuple[list[BlockTable], int, int, int]  # a sequence's tables (one per group), start, end, first batch row
 
 
 class KVCacheHandle(Protocol):
@@ -37,6 +37,9 @@ class Runner(Protocol):
         chunk that ends its prefill, then the chunks' prompt-logprob rows (see ModelRunner.execute)."""
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Block copies (source, destination), before anything writes the cache again."""
 
 
 class ModelRunner:
@@ -93,7 +96,7 @@ class ModelRunner:
             lens.extend(range(seq.num_tokens, seq.num_tokens + len(fed)))
         logit_rows = list(range(len(ids)))
         prompt_rows: list[int] = []
-        chunks: list[ChunkRows] = []
+        chunks: list[ChunkTables] = []
         for item in batch.prefills:
             seq, start = item.seq, item.seq.num_computed_tokens
             end = start + item.num_tokens
@@ -108,7 +111,7 @@ class ModelRunner:
         ids_t = torch.tensor(ids, device=self.device)
         return ids_t, torch.tensor(positions, device=self.device), metas, torch.tensor(logit_rows, dtype=torch.long, device=self.device)
 
-    def _layer_metadata(self, decode_tables: list[list[BlockTable]], lens: list[int], chunks: list[ChunkRows]):
+    def _layer_metadata(self, decode_tables: list[list[BlockTable]], lens: list[int], chunks: list[ChunkTables]):
         """Each group's metadata, built by its kind; every layer receives its group's."""
         groups = [
             group.spec.metadata(GroupBatch([tables[g] for tables in decode_tables], lens,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,16 +42,27 @@ def wait_until(condition, what: str) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tiny_path):
-    """(base URL, the ingress's client over the replicas)."""
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="error", log_to_driver=False,
+    """(base URL, the ingress's client over the replicas, Serve's proxy URL)."""
+    from ray import serve
+
+    # Logical CPUs: the CLI-style replicas, then the Serve application's two and its ingress.
+    ray.init(num_cpus=8, include_dashboard=False, logging_level="error", log_to_driver=False,
              object_store_memory=80 * 2**20)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})  # Serve's proxy: for the Serve application's test
     options = serve_options({"model": tiny_path, "data_parallel_size": 2, "num_threads": 1, "max_num_blocks": 512})
     try:
         client = DataParallelCoreClient.connect(start_replicas(options, paced(0.01)), make_router("prefix", BLOCK))
         with live_server(AsyncEngine(client, load_checkpoint(tiny_path).tokenizer, 512)) as url:
-            yield url, client
+            yield url, client, f"http://127.0.0.1:{port}"
     finally:
         stop_replicas()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def complete(url: str, prompt: list[int], max_tokens: int) -> httpx.Response:
@@ -95,7 +107,7 @@ def per_replica(url: str, name: str) -> dict[str, float]:
 
 
 def test_greedy_tokens_through_two_replicas_equal_one_engines_and_both_replicas_serve(cluster, tiny_llm):
-    url, _ = cluster
+    url, _, _ = cluster
     batch = prompts(32)
     want = [o.outputs[0].text for o in tiny_llm.generate(
         [{"prompt_token_ids": p} for p in batch], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))]
@@ -109,7 +121,7 @@ def test_greedy_tokens_through_two_replicas_equal_one_engines_and_both_replicas_
 
 
 def test_64_concurrent_streams_finish_without_a_failure(cluster):
-    url, _ = cluster
+    url, _, _ = cluster
     with ThreadPoolExecutor(64) as pool:
         results = list(pool.map(lambda p: stream(url, p, 12), prompts(64, BLOCK)))
     assert [error for _, error in results] == [None] * 64
@@ -117,7 +129,7 @@ def test_64_concurrent_streams_finish_without_a_failure(cluster):
 
 
 def test_each_turn_of_a_conversation_returns_to_the_replica_holding_its_prefix(cluster):
-    url, client = cluster
+    url, client, _ = cluster
     conversations = prompts(2, 4 * BLOCK)
     hits = per_replica(url, "llmpipe:prefix_cache_hits")
     for turn in range(3):
@@ -131,7 +143,7 @@ def test_each_turn_of_a_conversation_returns_to_the_replica_holding_its_prefix(c
 
 
 def test_a_killed_replica_fails_its_requests_the_other_carries_on_and_it_rejoins(cluster):
-    url, client = cluster
+    url, client, _ = cluster
     pids = [info_decoder.decode(h.info.remote().result()).pid for h in client.handles]
     started: list[int] = []
     long = prompts(6, BLOCK)
@@ -151,3 +163,24 @@ def test_a_killed_replica_fails_its_requests_the_other_carries_on_and_it_rejoins
     wait_until(lambda: client._up[0] and client.replica_stats[0] is not None, "replica 0 rejoining")
     assert info_decoder.decode(client.handles[0].info.remote().result()).pid != pids[0]
     assert complete(url, prompts(1, BLOCK)[0], 4).status_code == 200
+
+
+def test_the_ray_serve_application_serves_the_same_api_behind_serves_proxy(cluster, tiny_path, tiny_llm):
+    from ray import serve
+
+    _, _, url = cluster
+    from llmpipe.deploy.ray import build_app
+
+    app = build_app({"model": tiny_path, "data_parallel_size": 2, "num_threads": 1, "max_num_blocks": 256,
+                     "api_key": "secret", "served_model_name": "tiny"})
+    serve.run_many([serve.RunTarget(app, name="llmpipe", route_prefix="/")], wait_for_applications_running=False)
+    wait_until(lambda: serve.status().applications["llmpipe"].status == "RUNNING", "the Serve application running")
+    body = {"model": "tiny", "prompt": prompts(1)[0], "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=HANG_GUARD_S).status_code == 401
+    auth = {"Authorization": "Bearer secret"}
+    reply = httpx.post(f"{url}/v1/completions", json=body, headers=auth, timeout=HANG_GUARD_S)
+    want = tiny_llm.generate([{"prompt_token_ids": prompts(1)[0]}],
+                             SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].outputs[0].text
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == want
+    assert 'replica="1"' in httpx.get(f"{url}/metrics", headers=auth).text
+    serve.delete("llmpipe")
