@@ -145,7 +145,7 @@ def add_bench_parser(sub) -> None:
     multiturn.add_argument("--seed", type=int, default=0)
     multiturn.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     multiturn.add_argument("--wait-for-server", type=float, default=0.0, help="seconds to wait for each server")
-    multiturn.add_argument("--out", default="bench-results/multiturn.json")
+    multiturn.add_argument("--out", default="bench_results/multiturn.json")
     multiturn.set_defaults(func=_run_multiturn)
 
     robust = kinds.add_parser(
