@@ -8,18 +8,11 @@ import json
 
 import pytest
 
-from llmpipe import LLM
 from llmpipe.bench.multiturn import compare, parse_prefix_cache, system_prompt, user_message
 from llmpipe.cli import main
-from tests.server.conftest import live_server, metric
+from tests.server.conftest import metric
 
 CONVERSATIONS, TURNS, MAX_TOKENS = 2, 3, 4
-
-
-@pytest.fixture(scope="module")
-def url(tiny_checkpoint):
-    with live_server(LLM(str(tiny_checkpoint("llama_gqa")), progress=False)) as url:
-        yield url
 
 
 def bench(url: str, tmp_path, *extra: str) -> dict:

@@ -10,18 +10,11 @@ import statistics
 
 import pytest
 
-from llmpipe import LLM
 from llmpipe.bench.serve import RequestResult, poisson_arrivals, summarize
 from llmpipe.cli import main
-from tests.server.conftest import live_server, metric
+from tests.server.conftest import metric
 
 NUM, INPUT_LEN, OUTPUT_LEN = 6, 12, 5
-
-
-@pytest.fixture(scope="module")
-def url(tiny_checkpoint):
-    with live_server(LLM(str(tiny_checkpoint("llama_gqa")), progress=False)) as url:
-        yield url
 
 
 def bench(url: str, tmp_path, *extra: str) -> dict:
