@@ -21,7 +21,7 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--kv-cache-dtype": dict(default="auto", choices=["auto", "int8", "int4"]),
     "--float-batch-weights": dict(action="store_true", help="also keep quantized weights as float32 for batches of "
                                   "several rows (prefill, many streams): ~2x their speed for ~4.8x the weight memory"),
-    "--activation-quantization": dict(default=None, type=lambda v: None if v == "none" else v, choices=[None, "int8"],
+    "--activation-quantization": dict(default=None, type=lambda v: None if v == "none" else v, choices=[None, "int8", "int16"],
                                       help="int8: quantized weights meet int8 activation blocks in integer dot "
                                            "products (faster decode, approximate); none (default): exact"),
     "--max-model-len": dict(type=int, default=None),

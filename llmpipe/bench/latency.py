@@ -126,6 +126,7 @@ VARIANTS = {
     "int4": Variant("int4", quantization="int4"),
     "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # Q4_0 / Q4_1 / Q8_0 kept as stored
     "gguf int8-act": Variant("gguf int8-act", dtype="auto", quantization="auto", activation_quantization="int8"),
+    "gguf int16-act": Variant("gguf int16-act", dtype="auto", quantization="auto", activation_quantization="int16"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
     "kv-int4": Variant("kv-int4", kv_cache_dtype="int4"),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),

@@ -92,9 +92,13 @@ def quantize_linears(model: nn.Module, plan: dict[str, WeightFormat], dtype: tor
         model.model.embed_tokens = TiedQuantizedEmbedding(model.lm_head, dtype)
 
 
+ACTIVATION_BITS = {"int8": 8, "int16": 16}  # activation_quantization → the kernels' bits
+
+
 def quantize_activations(model: nn.Module, activation_quantization: str | None) -> None:
-    """"int8": every quantized linear multiplies int8 activation blocks (the integer-dot kernels);
-    where those kernels cannot be built the layers keep float activations (after one warning)."""
+    """"int8" / "int16": every quantized linear multiplies activation blocks quantized to 8 or 16 bits
+    (the integer-dot kernels); where those kernels cannot be built the layers keep float activations
+    (after one warning)."""
     if activation_quantization is None:
         return
     if not kernels.dot_available():
@@ -103,4 +107,13 @@ def quantize_activations(model: nn.Module, activation_quantization: str | None) 
         return
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
-            module.int8_activations = True
+            module.activation_bits = ACTIVATION_BITS[activation_quantization]
+
+
+def quantize_prefill(model: nn.Module) -> int:
+    """Send batches of every size through the integer-dot kernels of the layers with quantized
+    activations (to evaluate the decode numerics at every position); returns how many layers."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear) and m.activation_bits is not None]
+    for module in layers:
+        module.quantized_prefill = True
+    return len(layers)

@@ -1,6 +1,6 @@
 """The low-bit decode kernels, as torch ops (torch.ops.llmpipe.*): float activations (kernels/csrc/lowbit_linear.c,
-the exact path) or int8-quantized activation blocks with integer dot products
-(kernels/csrc/lowbit_dot.c, the fast path, as llama.cpp computes; `reference_q8_linear` is its
+the exact path) or activation blocks quantized to 8 or 16 bits meeting the codes in integer dot
+products (kernels/csrc/lowbit_dot.c, as llama.cpp computes with 8; `reference_dot_linear` is their
 PyTorch reference).
 
 PyTorch 2.13's CPU low-bit kernels (`_weight_int4pack_mm_for_cpu`, `_weight_int8pack_mm`) are
@@ -25,11 +25,13 @@ _library = KernelLibrary(
 )
 _dot_library = KernelLibrary(
     "lowbit_dot",
-    int4_linear_q8=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64],
-    int8_linear_q8=[PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64],
+    int4_linear_dot=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64, I64],
+    int8_linear_dot=[PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64, I64],
     has_vnni=[],
 )
-Q8_BLOCK = 32  # activation elements sharing one int8 scale
+DOT_BLOCK = 32  # activation elements sharing one scale
+ACTIVATION_BITS = (8, 16)  # what the integer-dot kernels quantize activations to
+LEVELS = {8: 127, 16: 16256}  # |code| bound per bits (csrc Q8_LEVELS, Q16_LEVELS: 16 bits held as two int8 planes)
 
 
 def available() -> bool:
@@ -65,48 +67,54 @@ def dot_isas() -> list[int]:
     return [0, 1] if dot_available() and _dot_library().has_vnni() else [0]
 
 
-@kernel_op("int4_linear_q8(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int isa=1) -> Tensor")
-def int4_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
-                   isa: int = 1) -> torch.Tensor:
-    """As int4_linear, with x quantized to int8 blocks (`isa` 0 forces the AVX2 path)."""
+@kernel_op("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor")
+def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
+                    bits: int = 8, isa: int = 1) -> torch.Tensor:
+    """As int4_linear, with x quantized to `bits` (ACTIVATION_BITS) blocks (`isa` 0 forces the AVX2 path)."""
     y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _dot_library().int4_linear_q8(
+    _dot_library().int4_linear_dot(
         x.data_ptr(), codes.data_ptr(), scale.data_ptr(), offset.data_ptr(), y.data_ptr(),
-        x.shape[0], codes.shape[0], x.shape[1], group, isa,
+        x.shape[0], codes.shape[0], x.shape[1], group, bits, isa,
     )
     return y
 
 
-@kernel_op("int8_linear_q8(Tensor x, Tensor codes, Tensor scale, int group, int isa=1) -> Tensor")
-def int8_linear_q8(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, isa: int = 1) -> torch.Tensor:
+@kernel_op("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor")
+def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 8,
+                    isa: int = 1) -> torch.Tensor:
     y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _dot_library().int8_linear_q8(
-        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group, isa
+    _dot_library().int8_linear_dot(
+        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group,
+        bits, isa,
     )
     return y
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float32 → (codes [M, K] as float, integers in [-127, 127]; scales [M, K / 32]):
-    per block of 32, scale = max|x| / 127 and code = round-half-even(x * (127 / max|x|)), the float32
-    arithmetic the kernel does."""
-    blocks = x.view(x.shape[0], -1, Q8_BLOCK)
+def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 → (codes [M, K] as float, integers in [-L, L]; scales [M, K / 32]) with L =
+    LEVELS[bits]: per block of 32, scale = max|x| / L and code = round-half-even(x * (L / max|x|)), the
+    float32 arithmetic the kernel does."""
+    levels = LEVELS[bits]
+    blocks = x.view(x.shape[0], -1, DOT_BLOCK)
     amax = blocks.abs().amax(-1)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    return torch.round(blocks * inv[..., None]).flatten(1), amax / 127.0
+    # a true float32 division as the kernel's (`levels / amax` on a tensor multiplies by its reciprocal,
+    # which moves ties: at 16 bits one code in a few hundred lands on one)
+    inv = torch.where(amax > 0, torch.full_like(amax, levels) / amax, torch.zeros_like(amax))
+    return torch.round(blocks * inv[..., None]).flatten(1), amax / levels
 
 
-def reference_q8_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None,
-                        group: int) -> torch.Tensor:
+def reference_dot_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: torch.Tensor,
+                         offset: torch.Tensor | None, group: int, bits: int = 8) -> torch.Tensor:
     """What the integer-dot kernels compute, in float64: weight_codes [N, K] unpacked integer codes,
-    scale / offset [N, groups]; the offset meets the exact sum of x over each group."""
-    q, d = quantize_activations(x)
-    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, Q8_BLOCK),
-                        weight_codes.double().view(weight_codes.shape[0], -1, Q8_BLOCK))
-    chunk_group = torch.arange(dots.shape[-1]) * Q8_BLOCK // group
+    scale / offset [N, groups]; the offset meets the sum of the quantized x over each group."""
+    q, d = quantize_activations(x, bits)
+    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, DOT_BLOCK),
+                        weight_codes.double().view(weight_codes.shape[0], -1, DOT_BLOCK))
+    chunk_group = torch.arange(dots.shape[-1]) * DOT_BLOCK // group
     y = (dots * d.double()[:, None, :] * scale.double()[None, :, chunk_group]).sum(-1)
     if offset is not None:
         group_sums = torch.zeros(x.shape[0], offset.shape[1], dtype=torch.float64)
-        group_sums.index_add_(1, torch.arange(x.shape[1]) // group, x.double())
+        x_q = (q.double().view(x.shape[0], -1, DOT_BLOCK) * d.double()[..., None]).flatten(1)
+        group_sums.index_add_(1, torch.arange(x.shape[1]) // group, x_q)
         y += group_sums @ offset.double().T
     return y

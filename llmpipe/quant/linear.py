@@ -61,9 +61,13 @@ class QuantizedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.shard_sizes: tuple[int, ...] = (out_features,)
         self._staged: dict[int, QuantizedWeight] = {}
-        # True: rows are quantized to int8 blocks and meet the codes in integer dot products (fast,
-        # approximate; set by quant.apply.quantize_activations); False: float activations (exact).
-        self.int8_activations = False
+        # 8 or 16: rows are quantized to blocks of that many bits and meet the codes in integer dot
+        # products (set by quant.apply.quantize_activations); None: float activations (exact).
+        self.activation_bits: int | None = None
+        # True: batches of any size take the integer kernel too (evaluating the decode numerics at
+        # every position: `llmpipe eval ... --quantized-prefill`); False: past KERNEL_MAX_BATCH rows
+        # the float GEMM, as the exact path.
+        self.quantized_prefill = False
         self.float_weight: torch.Tensor | None = None  # kernel_weight() kept, for batches (keep_float_copy)
 
     def keep_float_copy(self) -> None:
@@ -83,12 +87,13 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.kernel_input(x)
-        # int8 activations take every row count through the integer kernel, prefill too: the cache
-        # that decode reads was then computed with the same numerics.
-        if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not self.int8_activations:
+        # Activation quantization is the decode kernels' numerics: batches past KERNEL_MAX_BATCH rows
+        # (prefill chunks) take the float GEMM as the exact path does, several times faster than
+        # the integer kernel run MAX_ROWS rows at a time, and no less exact.
+        every_row = self.quantized_prefill and self.activation_bits is not None
+        if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not every_row:
             return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
-        many_rows = x.shape[0] > KERNEL_MAX_BATCH and not self.int8_activations
-        if many_rows or x.device.type != "cpu" or not kernels.available():
+        if (x.shape[0] > KERNEL_MAX_BATCH and not every_row) or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -151,8 +156,8 @@ class Int8Linear(QuantizedLinear):
         self.scale.copy_(torch.cat([s.scale.reshape(s.q.shape[0], -1) for s in shards]))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8_activations:
-            return kernels.int8_linear_q8(x, self.q, self.scale, self.group_size)
+        if self.activation_bits:
+            return kernels.int8_linear_dot(x, self.q, self.scale, self.group_size, self.activation_bits)
         return kernels.int8_linear(x, self.q, self.scale, self.group_size)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -191,8 +196,8 @@ class Int4Linear(QuantizedLinear):
         return super().kernel_input(x if self.in_perm is None else x.index_select(1, self.in_perm))
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8_activations:
-            return kernels.int4_linear_q8(x, self.codes, self.scale, self.offset, self.group_size)
+        if self.activation_bits:
+            return kernels.int4_linear_dot(x, self.codes, self.scale, self.offset, self.group_size, self.activation_bits)
         return kernels.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:

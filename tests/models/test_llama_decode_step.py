@@ -83,16 +83,17 @@ def test_quantized_model_matches_layer_by_layer(quantizable_checkpoint, quantiza
     assert_matches_layered(llm, atol=2e-5, prompts=(PROMPTS * 4)[:11])  # 11 rows: a run of 8, then 3
 
 
+@pytest.mark.parametrize("activations", ["int8", "int16"])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
-def test_int8_activations_as_close_to_exact_as_layer_by_layer(quantizable_checkpoint, quantization):
-    """int8 activation blocks run the same integer-dot kernels, but the fused norm and SiLU round in
-    the last bit differently from PyTorch's, and a last-bit change moves some activations across an
-    int8 rounding boundary: the fused result is another draw of the same quantization noise, not the
+def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_checkpoint, quantization, activations):
+    """Quantized activation blocks run the same integer-dot kernels, but the fused norm and SiLU round
+    in the last bit differently from PyTorch's, and a last-bit change moves some activations across a
+    rounding boundary: the fused result is another draw of the same quantization noise, not the
     layered one's bits. So both are held to the exact (float-activation) model: the fused step as
     close to it as the layered path is, and greedy tokens the same up to a near tie (margin < 0.2)."""
     path = str(quantizable_checkpoint)
     exact_tokens, exact_dists, _ = run(LLM(path, quantization=quantization, progress=False), False, PROMPTS)
-    q8 = LLM(path, quantization=quantization, activation_quantization="int8", progress=False)
+    q8 = LLM(path, quantization=quantization, activation_quantization=activations, progress=False)
     fused_tokens, fused_dists, calls = run(q8, True, PROMPTS)
     _, layered_dists, _ = run(q8, False, PROMPTS)
     assert calls > 0

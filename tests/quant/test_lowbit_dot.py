@@ -1,5 +1,5 @@
-"""The integer-dot kernels (int8 activation blocks x 4/8-bit codes) against their float64 PyTorch
-reference, on every code path this CPU runs (AVX2, and AVX512-VNNI where present)."""
+"""The integer-dot kernels (8- or 16-bit activation blocks x 4/8-bit codes) against their float64
+PyTorch reference, on every code path this CPU runs (AVX2, and AVX512-VNNI where present)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.quant import kernels
+from llmpipe.quant.apply import quantize_prefill
 from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
 
 pytestmark = pytest.mark.skipif(not kernels.dot_available(), reason="needs AVX2 + FMA and a C compiler")
@@ -23,24 +24,26 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
 
 
+@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int4_dot_kernel_equals_its_reference(shape, group, isa):
+def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
     out_features, in_features = shape
     torch.manual_seed(out_features + group)
     layer = Int4Linear(in_features, out_features, False, group)
     layer.load_shard(None, torch.randn(out_features, in_features))
     for rows in range(1, kernels.MAX_ROWS + 1):
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int4_linear_q8(x, layer.codes, layer.scale, layer.offset, group, isa)
-        assert_close(got, kernels.reference_q8_linear(x, int4_codes(layer), layer.scale, layer.offset, group))
+        got = kernels.int4_linear_dot(x, layer.codes, layer.scale, layer.offset, group, bits, isa)
+        assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
 
 
+@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("grouped", [False, True], ids=["per-channel", "q8_0"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int8_dot_kernel_equals_its_reference(shape, grouped, isa):
+def test_int8_dot_kernel_equals_its_reference(shape, grouped, isa, bits):
     out_features, in_features = shape
     torch.manual_seed(out_features)
     layer = Int8Linear(in_features, out_features, False, 32 if grouped else None)
@@ -48,8 +51,8 @@ def test_int8_dot_kernel_equals_its_reference(shape, grouped, isa):
     layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
     for rows in range(1, kernels.MAX_ROWS + 1):
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int8_linear_q8(x, layer.q, layer.scale, layer.group_size, isa)
-        assert_close(got, kernels.reference_q8_linear(x, layer.q, layer.scale, None, layer.group_size))
+        got = kernels.int8_linear_dot(x, layer.q, layer.scale, layer.group_size, bits, isa)
+        assert_close(got, kernels.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
 
 
 def test_activation_blocks_round_half_to_even_within_127():
@@ -59,34 +62,49 @@ def test_activation_blocks_round_half_to_even_within_127():
     assert codes[1].abs().sum() == 0 and scales[1].item() == 0  # an all-zero block stays zero
 
 
-def test_quantized_activations_stay_near_the_exact_product():
+def test_sixteen_bit_blocks_stay_within_their_two_planes():
+    """16-bit codes are 128 * hi + lo with hi in [-127, 127] (INT8's sign trick negates it) and lo in
+    [0, 127]: the extremes of a block land exactly on +-16256, and a plane split of every code is exact."""
+    x = torch.tensor([[-3.0, 3.0, 1.0, -1.0] + [0.001 * i for i in range(28)]])
+    codes, scales = kernels.quantize_activations(x, 16)
+    assert codes[0, :4].tolist() == [-16256, 16256, 5419, -5419] and scales[0].item() == pytest.approx(3 / 16256)
+    hi, lo = torch.div(codes, 128, rounding_mode="floor"), torch.remainder(codes, 128)
+    assert hi.abs().max() <= 127 and lo.min() >= 0 and lo.max() <= 127 and torch.equal(hi * 128 + lo, codes)
+
+
+@pytest.mark.parametrize("bits, bound", [(8, 1e-2), (16, 1e-4)])
+def test_quantized_activations_stay_near_the_exact_product(bits, bound):
     torch.manual_seed(0)
     layer = Int4Linear(576, 256, False, 32)
     layer.load_shard(None, torch.randn(256, 576))
     x = torch.randn(1, 576)
     exact = x.double() @ layer.dequantize().double().T
-    fast = kernels.int4_linear_q8(layer.kernel_input(x), layer.codes, layer.scale, layer.offset, 32)
-    assert ((fast.double() - exact).norm() / exact.norm()).item() < 0.01
+    fast = kernels.int4_linear_dot(layer.kernel_input(x), layer.codes, layer.scale, layer.offset, 32, bits)
+    assert ((fast.double() - exact).norm() / exact.norm()).item() < bound
 
 
-def reference_forward(self: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+def reference_forward(self: QuantizedLinear, x: torch.Tensor, bits: int) -> torch.Tensor:
     """QuantizedLinear.forward as the integer-dot reference computes it, for any row count."""
     wide = self.kernel_input(x).float()
     if isinstance(self, Int4Linear):
-        y = kernels.reference_q8_linear(wide, int4_codes(self), self.scale, self.offset, self.group_size)
+        y = kernels.reference_dot_linear(wide, int4_codes(self), self.scale, self.offset, self.group_size, bits)
     else:
-        y = kernels.reference_q8_linear(wide, self.q, self.scale, None, self.group_size)
+        y = kernels.reference_dot_linear(wide, self.q, self.scale, None, self.group_size, bits)
     y = y.float()
     return y if self.bias is None else y + self.bias
 
 
+@pytest.mark.parametrize("activations", ["int8", "int16"])
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
-def test_int8_activations_reach_every_quantized_layer_in_prefill_and_decode(tiny_checkpoint, quantization):
-    """Every quantized linear of an engine with activation_quantization="int8" computes the integer-dot
-    reference of the input it was given, at prefill (50 rows: past the float kernel's 32) and decode.
-    (Layer by layer: through a whole model the quantization's rounding amplifies float noise.)"""
+def test_quantized_activations_reach_every_quantized_layer_in_prefill_and_decode(tiny_checkpoint, quantization,
+                                                                                  activations):
+    """Every quantized linear of an engine with activation_quantization="int8" / "int16" computes the
+    integer-dot reference of the input it was given, at prefill (50 rows: past the float kernel's 32)
+    and decode. (Layer by layer: through a whole model the quantization's rounding amplifies float noise.)"""
     path = str(tiny_checkpoint("llama_gqa"))
-    llm = LLM(path, progress=False, quantization=quantization, group_size=32, activation_quantization="int8")
+    llm = LLM(path, progress=False, quantization=quantization, group_size=32, activation_quantization=activations)
+    bits = {"int8": 8, "int16": 16}[activations]
+    assert quantize_prefill(llm.engine.model) == 2 * 4 + 1  # prefill too, else the float GEMM (below)
     calls: dict[str, list] = {}
     layers = {name: m for name, m in llm.engine.model.named_modules() if isinstance(m, QuantizedLinear)}
 
@@ -101,7 +119,19 @@ def test_int8_activations_reach_every_quantized_layer_in_prefill_and_decode(tiny
     for name, seen in calls.items():
         assert sorted({x.shape[0] for x, _ in seen}) == ([1] if name == "lm_head" else [1, 50]), name  # head: last rows
         for x, out in seen:
-            assert_close(out, reference_forward(layers[name], x).double())
+            assert_close(out, reference_forward(layers[name], x, bits).double())
     exact = LLM(path, progress=False, quantization=quantization, group_size=32)
     x = calls["lm_head"][0][0]
     assert not torch.allclose(exact.engine.model.lm_head(x), calls["lm_head"][0][1], atol=1e-6)  # numerics did change
+
+
+def test_prefill_takes_the_float_gemm_unless_asked(tiny_checkpoint):
+    """Past KERNEL_MAX_BATCH rows a layer with quantized activations computes the exact product (the
+    float GEMM), as a layer with float activations does; at decode sizes the integer kernel."""
+    llm = LLM(str(tiny_checkpoint("llama_gqa")), progress=False, quantization="int4", group_size=32,
+              activation_quantization="int8")
+    layer = llm.engine.model.lm_head
+    x = torch.randn(50, layer.in_features)
+    exact = x.double() @ layer.dequantize().double().T
+    assert ((layer(x).double() - exact).norm() / exact.norm()).item() < 1e-5
+    assert ((layer(x[:3]).double() - exact[:3]).norm() / exact[:3].norm()).item() > 1e-4  # int8 blocks

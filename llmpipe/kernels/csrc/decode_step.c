@@ -13,7 +13,8 @@
  *   F32:  float [N, K]
  *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
  *   INT8: codes [N, K], scale [N, G]
- * with q8 = 1 taking the integer-dot path (activations quantized to int8 blocks, lowbit_dot.c).
+ * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
+ * lowbit_dot.c), 0 the float-activation (exact) path.
  * x [B, hidden] is the residual stream, updated in place. cos / sin [B, D]; the cache of each layer
  * [2, num_blocks, block_size, KVH, D]; slots [B], tables [B, W], lens [B]: paged_attention.c's.
  */
@@ -31,7 +32,7 @@
 enum { F32 = 0, INT4 = 1, INT8 = 2 };
 
 typedef struct {
-    int64_t kind, q8;
+    int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
     const void *weight; /* F32 weights or low-bit codes */
     const float *scale, *offset, *bias; /* offset: INT4 only; bias may be NULL */
     int64_t N, K, group;
@@ -58,7 +59,7 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.xsum = malloc(sizeof(float) * B * (K / BLOCK));
     s.dx = malloc(sizeof(float) * B * (K / BLOCK));
     s.tmp = malloc(sizeof(float) * K);
-    s.qx = malloc(B * K);
+    s.qx = malloc(activation_bytes(B, K, 2));
     s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
     return s;
 }
@@ -132,14 +133,14 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 }
 
 /* The integer-dot slice, once per ISA (the VNNI row functions inline only into VNNI code). */
-#define Q8_ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                              \
+#define DOT_ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                              \
     for (int64_t n = n0; n < n1; n++) {                                                                 \
         float out[MAX_ROWS];                                                                            \
-        ROW((const void *)(codes + n * (ROW_BYTES)), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum); \
+        ROW((const void *)(codes + n * (ROW_BYTES)), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum, B * K, PL); \
         for (int m = 0; m < MR; m++) s->y[m * (n1 - n0) + n - n0] = out[m];                             \
     }
-#define DEFINE_Q8_SLICE(NAME, ATTR)                                                  \
-    ATTR static void NAME(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, Scratch *s) {          \
+#define DEFINE_DOT_SLICE(NAME, ATTR)                                                  \
+    ATTR static void NAME(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, Scratch *s, int planes) { \
         const int64_t K = w->K, group = w->group, G = num_groups(K, group);                             \
         const float *scale = w->scale, *offset = w->offset;                                             \
         const int8_t *qx = s->qx;                                                                       \
@@ -147,27 +148,25 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
         const int32_t *cg = s->cg;                                                                      \
         if (w->kind == INT4) {                                                                          \
             const uint8_t *codes = w->weight;                                                           \
-            NAME##_M1_INT4                                                                              \
-            FOR_ROWS(B, NAME##_INT4)                                                                    \
+            WITH_PLANES(planes, NAME##_M1_INT4 FOR_ROWS(B, NAME##_INT4));                              \
         } else {                                                                                        \
             const int8_t *codes = w->weight;                                                            \
-            NAME##_M1_INT8                                                                              \
-            FOR_ROWS(B, NAME##_INT8)                                                                    \
+            WITH_PLANES(planes, NAME##_M1_INT8 FOR_ROWS(B, NAME##_INT8));                              \
         }                                                                                               \
     }
 /* Batch 1 on VNNI takes the four-row functions (as lowbit_dot.c's entry points do); AVX2 its one-row ones. */
-#define q8_slice_avx2_M1_INT4
-#define q8_slice_avx2_M1_INT8
-#define q8_slice_vnni_M1_INT4 \
+#define dot_slice_avx2_M1_INT4
+#define dot_slice_avx2_M1_INT8
+#define dot_slice_vnni_M1_INT4 \
     if (B == 1) { VNNI_M1_LOOP(int4_rows_vnni_m1, codes, K / 2, scale, offset, G, s->y); return; }
-#define q8_slice_vnni_M1_INT8 \
+#define dot_slice_vnni_M1_INT8 \
     if (B == 1) { VNNI_M1_LOOP(int8_rows_vnni_m1, codes, K, scale, (const float *)NULL, G, s->y); return; }
-#define q8_slice_avx2_INT4(MR) Q8_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
-#define q8_slice_avx2_INT8(MR) Q8_ROWS(int8_row_avx2, MR, K, NULL)
-#define q8_slice_vnni_INT4(MR) Q8_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
-#define q8_slice_vnni_INT8(MR) Q8_ROWS(int8_row_vnni, MR, K, NULL)
-DEFINE_Q8_SLICE(q8_slice_avx2, )
-DEFINE_Q8_SLICE(q8_slice_vnni, VNNI)
+#define dot_slice_avx2_INT4(MR) DOT_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
+#define dot_slice_avx2_INT8(MR) DOT_ROWS(int8_row_avx2, MR, K, NULL)
+#define dot_slice_vnni_INT4(MR) DOT_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
+#define dot_slice_vnni_INT8(MR) DOT_ROWS(int8_row_vnni, MR, K, NULL)
+DEFINE_DOT_SLICE(dot_slice_avx2, )
+DEFINE_DOT_SLICE(dot_slice_vnni, VNNI)
 
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
 static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
@@ -179,10 +178,11 @@ static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t
         const int64_t rows = B - m0 < MAX_ROWS ? B - m0 : MAX_ROWS;
         const float *xm = x + m0 * w->K;
         s->y = y + m0 * (n1 - n0);
-        if (w->q8 && w->kind != F32) {
-            quantize_rows_q8(xm, rows, w->K, w->group, s->qx, s->dx, s->xsum);
+        if (w->bits && w->kind != F32) {
+            const int planes = w->bits == 16 ? 2 : 1;
+            quantize_rows(xm, rows, w->K, w->group, planes, s->qx, s->dx, s->xsum);
             for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);
-            (use_vnni() ? q8_slice_vnni : q8_slice_avx2)(w, rows, n0, n1, s);
+            (use_vnni() ? dot_slice_vnni : dot_slice_avx2)(w, rows, n0, n1, s, planes);
         } else {
             exact_slice(w, xm, rows, n0, n1, s);
         }

@@ -1,13 +1,16 @@
 /* Low-bit matmul with integer dot products, as llama.cpp's CPU backend does it: the activation row is
- * quantized once per call to int8 in blocks of 32 (one float scale per block, round to nearest even,
- * |q| <= 127), then each 32-weight chunk's dot product is one run of integer multiply-adds:
+ * quantized once per call in blocks of 32 (one float scale per block, round to nearest even) — to int8
+ * (|q| <= 127), or to 15-bit codes held as two int8 planes (lowbit_q8_rows.h: quantize_rows), whose
+ * rounding error is 128x smaller, near the float path's — then each 32-weight chunk's dot product is
+ * one run of integer multiply-adds per plane:
  *   AVX2:        _mm256_maddubs_epi16 + _mm256_madd_epi16 (unsigned codes x signed activations)
  *   AVX512-VNNI: _mm512_dpbusd_epi32, two chunks a step (chosen at run time, where the CPU has it)
  * Weights are the same buffers the float kernel (lowbit_linear.c) reads: INT4 codes two a byte per
  * 32-element chunk (byte j: element j low nibble, j + 16 high), a scale and an offset per group; INT8
- * codes with a scale per group. For INT4 the offset term uses the exact float sum of x over the group.
+ * codes with a scale per group. For INT4 the offset term meets the sum of the quantized x over the group.
  *
- * y[m, n] = sum_g scale[n, g] * sum_{c in g} dx[m, c] * <w[n, c], qx[m, c]>   (+ offset[n, g] * xsum[m, g])
+ * y[m, n] = sum_g scale[n, g] * sum_{c in g} dx[m, c] * <w[n, c], qx[m, c]>
+ *           (+ offset[n, g] * sum_{c in g} dx[m, c] * sum(qx[m, c]))
  *
  * Requires K % 32 == 0 and group % 32 == 0; the last group may be narrower than `group`.
  * M activation rows (decode batch) share each weight read.
@@ -23,11 +26,11 @@
 int has_vnni(void) { return use_vnni(); }
 
 /* The loop over output rows, once per ISA (so each row function inlines with its rows unrolled).
- * OFFSET is INT4's offset row (NULL for INT8). */
+ * OFFSET is INT4's offset row (NULL for INT8); PL the planes (WITH_PLANES). */
 #define ROWS(ROW, MR, ROW_BYTES, OFFSET)                                                                \
     _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++) {                      \
         float out[8];                                                                                   \
-        ROW(codes + n * (ROW_BYTES), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum);       \
+        ROW(codes + n * (ROW_BYTES), scale + n * G, qx, dx, K, group, cg, out, MR, OFFSET, xsum, M * K, PL); \
         for (int m = 0; m < MR; m++) y[m * N + n] = out[m];                                             \
     }
 #define INT4_ROWS(ROW) INT4_ROWS_##ROW
@@ -40,62 +43,66 @@ int has_vnni(void) { return use_vnni(); }
 #define DEFINE_INT4_LINEAR(NAME, ATTR, ROW)                                                             \
     ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const uint8_t *codes,   \
                           const float *scale, const float *offset, float *y, int64_t M, int64_t N,      \
-                          int64_t K, int64_t group, const int32_t *cg) {                                \
+                          int64_t K, int64_t group, const int32_t *cg, int planes) {                    \
         const int64_t G = num_groups(K, group);                                                         \
-        FOR_ROWS(M, INT4_ROWS(ROW))                                                                     \
+        WITH_PLANES(planes, FOR_ROWS(M, INT4_ROWS(ROW)));                                               \
     }
 #define DEFINE_INT8_LINEAR(NAME, ATTR, ROW)                                                             \
-    ATTR static void NAME(const int8_t *qx, const float *dx, const int8_t *codes, const float *scale,   \
-                          float *y, int64_t M, int64_t N, int64_t K, int64_t group, const int32_t *cg) { \
+    ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const int8_t *codes,    \
+                          const float *scale, const float *offset, float *y, int64_t M, int64_t N,      \
+                          int64_t K, int64_t group, const int32_t *cg, int planes) {                    \
         const int64_t G = num_groups(K, group);                                                         \
-        const float *xsum = NULL;                                                                       \
-        FOR_ROWS(M, INT8_ROWS(ROW))                                                                     \
+        (void)offset;                                                                                   \
+        WITH_PLANES(planes, FOR_ROWS(M, INT8_ROWS(ROW)));                                               \
     }
 
 /* One activation row: four weight rows at a time, each thread a run of whole fours. */
 #define DEFINE_VNNI_M1_LINEAR(NAME, WEIGHT_T, ROWS, ROW_BYTES)                                          \
     VNNI static void NAME(const int8_t *qx, const float *dx, const float *xsum, const WEIGHT_T *codes,  \
                           const float *scale, const float *offset, float *y, int64_t N, int64_t K,      \
-                          int64_t group, const int32_t *cg) {                                           \
+                          int64_t group, const int32_t *cg, int planes) {                               \
         const int64_t G = num_groups(K, group);                                                         \
         _Pragma("omp parallel") {                                                                       \
             int64_t n0, n1;                                                                             \
             thread_rows(N, 4, &n0, &n1);                                                                \
-            VNNI_M1_LOOP(ROWS, codes, ROW_BYTES, scale, offset, G, (y + n0));                           \
+            WITH_PLANES(planes, VNNI_M1_LOOP(ROWS, codes, ROW_BYTES, scale, offset, G, (y + n0)););     \
         }                                                                                               \
     }
-DEFINE_VNNI_M1_LINEAR(int4_q8_vnni_m1, uint8_t, int4_rows_vnni_m1, K / 2)
-DEFINE_VNNI_M1_LINEAR(int8_q8_vnni_m1, int8_t, int8_rows_vnni_m1, K)
+DEFINE_VNNI_M1_LINEAR(int4_dot_vnni_m1, uint8_t, int4_rows_vnni_m1, K / 2)
+DEFINE_VNNI_M1_LINEAR(int8_dot_vnni_m1, int8_t, int8_rows_vnni_m1, K)
 
 #define NO_ATTR
-DEFINE_INT4_LINEAR(int4_q8_avx2, NO_ATTR, int4_row_avx2)
-DEFINE_INT4_LINEAR(int4_q8_vnni, VNNI, int4_row_vnni)
-DEFINE_INT8_LINEAR(int8_q8_avx2, NO_ATTR, int8_row_avx2)
-DEFINE_INT8_LINEAR(int8_q8_vnni, VNNI, int8_row_vnni)
+DEFINE_INT4_LINEAR(int4_dot_avx2, NO_ATTR, int4_row_avx2)
+DEFINE_INT4_LINEAR(int4_dot_vnni, VNNI, int4_row_vnni)
+DEFINE_INT8_LINEAR(int8_dot_avx2, NO_ATTR, int8_row_avx2)
+DEFINE_INT8_LINEAR(int8_dot_vnni, VNNI, int8_row_vnni)
 
-/* y[M <= 8, N] = x[M, K] @ W^T, x quantized here (quantize_rows_q8); `isa`: 0 AVX2, 1 VNNI where the CPU has it. */
-void int4_linear_q8(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
-                    int64_t M, int64_t N, int64_t K, int64_t group, int64_t isa) {
-    int8_t *qx = malloc(M * K);
+/* y[M <= 8, N] = x[M, K] @ W^T with x quantized here (quantize_rows) to `bits` 8 (one plane) or 16 (two
+ * planes, 15-bit codes); `isa`: 0 AVX2, 1 VNNI where the CPU has it. The weights: codes [N, K / 2] (INT4,
+ * with `offset`) or [N, K] (INT8, offset NULL), scale [N, G]. */
+static void linear_dot(int int4, const float *x, const void *codes, const float *scale, const float *offset,
+                       float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
+    const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
+    int8_t *qx = malloc(activation_bytes(M, K, planes));
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
-    quantize_rows_q8(x, M, K, group, qx, dx, xsum);
-    if (M == 1 && isa && use_vnni())
-        int4_q8_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg);
+    quantize_rows(x, M, K, group, planes, qx, dx, xsum);
+    if (M == 1 && vnni)
+        (int4 ? (void)int4_dot_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes)
+              : (void)int8_dot_vnni_m1(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg, planes));
+    else if (int4)
+        (vnni ? int4_dot_vnni : int4_dot_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg, planes);
     else
-        (isa && use_vnni() ? int4_q8_vnni : int4_q8_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg);
+        (vnni ? int8_dot_vnni : int8_dot_avx2)(qx, dx, xsum, codes, scale, NULL, y, M, N, K, group, cg, planes);
     free(qx), free(dx), free(xsum), free(cg);
 }
 
-void int8_linear_q8(const float *x, const int8_t *codes, const float *scale, float *y,
-                    int64_t M, int64_t N, int64_t K, int64_t group, int64_t isa) {
-    int8_t *qx = malloc(M * K);
-    float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
-    int32_t *cg = chunk_groups(K, group);
-    quantize_rows_q8(x, M, K, group, qx, dx, xsum);
-    if (M == 1 && isa && use_vnni())
-        int8_q8_vnni_m1(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg);
-    else
-        (isa && use_vnni() ? int8_q8_vnni : int8_q8_avx2)(qx, dx, codes, scale, y, M, N, K, group, cg);
-    free(qx), free(dx), free(xsum), free(cg);
+void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
+                     int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
+    linear_dot(1, x, codes, scale, offset, y, M, N, K, group, bits, isa);
+}
+
+void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y,
+                     int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
+    linear_dot(0, x, codes, scale, NULL, y, M, N, K, group, bits, isa);
 }

@@ -8,8 +8,8 @@ layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the em
 norm and the LM head stay in PyTorch (one call each).
 
 Each linear keeps its own numerics: float activations into the exact low-bit row kernels (bit for
-bit the per-op kernels' results), or int8 activation blocks where the layer has `int8_activations`
-set. The layer-by-layer path stays for everything else — prefill, mixed batches, other caches,
+bit the per-op kernels' results), or 8- or 16-bit activation blocks where the layer has
+`activation_bits` set. The layer-by-layer path stays for everything else — prefill, mixed batches, other caches,
 other families — and is what this step is tested against.
 """
 
@@ -33,7 +33,7 @@ MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MA
 # MKL's GEMM, reading each weight once for every row, beats re-reading them per run of MAX_ROWS.
 MAX_BATCH = KERNEL_MAX_BATCH
 F32, INT4, INT8 = 0, 1, 2
-LINEAR_SLOTS = 9  # csrc LinearDesc: kind, q8, weight, scale, offset, bias, N, K, group
+LINEAR_SLOTS = 9  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group
 _library = KernelLibrary(
     "decode_step",
     decode_step=[PTR, PTR] + [I64] * 6 + [ctypes.c_float, ctypes.c_float, I64] + [PTR] * 4 + [I64, PTR, I64, I64],
@@ -56,13 +56,13 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1]]
     if not isinstance(module, (Int4Linear, Int8Linear)) or module.padded_in != module.in_features:
         return None
-    q8 = int(module.int8_activations)
+    bits = module.activation_bits or 0
     if isinstance(module, Int4Linear):
         if module.in_perm is not None:
             return None
-        return [INT4, q8, module.codes.data_ptr(), module.scale.data_ptr(), module.offset.data_ptr(), _ptr(bias),
+        return [INT4, bits, module.codes.data_ptr(), module.scale.data_ptr(), module.offset.data_ptr(), _ptr(bias),
                 module.out_features, module.in_features, module.group_size]
-    return [INT8, q8, module.q.data_ptr(), module.scale.data_ptr(), 0, _ptr(bias), module.out_features,
+    return [INT8, bits, module.q.data_ptr(), module.scale.data_ptr(), 0, _ptr(bias), module.out_features,
             module.in_features, module.group_size]
 
 
