@@ -176,11 +176,12 @@ def _compile(compiler: str, source: Path, folder: Path) -> Path:
 
 @contextlib.contextmanager
 def _interpreter_bin_on_path() -> Iterator[None]:
-    """PATH with the interpreter's bin folder last, for as long as cpp_extension runs: it looks for
-    ninja on PATH only, and `pip install ninja` (a dependency) puts it there, which a venv's python
-    run by its path does not have on PATH."""
+    """PATH led by the interpreter's bin folder while cpp_extension runs: it looks for ninja on PATH
+    only, a venv's python run by its path does not have that folder on PATH, and `pip install ninja`
+    (a dependency) puts ninja there. First, so that one ninja builds every time: a ninja of another
+    version rewrites the build log and rebuilds ops.cpp."""
     previous = os.environ.get("PATH")
-    os.environ["PATH"] = os.pathsep.join([previous or os.defpath, str(Path(sys.executable).parent)])
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), previous or os.defpath])
     try:
         yield
     finally:

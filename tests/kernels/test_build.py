@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -147,6 +148,14 @@ def test_the_build_is_named_by_every_source_the_flags_the_compilers_and_torch(tm
     paths.append(build.library_path(COMPILER))
     assert len(set(paths)) == len(paths)
     assert all(p.parent.name == p.stem for p in paths)
+
+
+def test_ninja_is_looked_for_first_beside_the_interpreter_while_building_only(monkeypatch):
+    """Where `pip install ninja` puts it, which a venv's python run by its path lacks on PATH."""
+    monkeypatch.setenv("PATH", "/nowhere")
+    with build._interpreter_bin_on_path():
+        assert os.environ["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/nowhere"]
+    assert os.environ["PATH"] == "/nowhere"
 
 
 def test_the_fallback_build_folder_is_per_user_and_refused_if_another_user_owns_it(tmp_path):
