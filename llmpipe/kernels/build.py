@@ -1,111 +1,120 @@
-"""Compiling and loading llmpipe's C kernels (`csrc/`), once per source, flags and compiler.
+"""Building and loading llmpipe's C kernels (`csrc/`) as the torch ops `torch.ops.llmpipe.*`, once per build.
 
-Every way this can fail — no AVX2, no compiler, a compiler that exits with an error, no writable
-build folder, a library that does not load — logs one warning and returns None, and the caller
-takes its PyTorch path. The result (a library or None) is cached per source, so a failure costs one
-attempt per process, never one per decode step.
+Each C source (`csrc/*.c`) is compiled to an object with the C compiler (FLAGS); then
+torch.utils.cpp_extension compiles `csrc/ops.cpp` — the ops' schemas (`TORCH_LIBRARY`, marking what
+each writes in place) and one CPU wrapper per op that checks its inputs and calls the C entry point —
+and links it with the objects into one library, which it loads. It all lives in a folder named by a
+hash of every csrc file, the flags, the compilers' and PyTorch's versions, so a change to any of
+them builds anew. cpp_extension's lock file lets one process build a folder while others wait; the
+objects are written under per-process names and renamed, so no process reads a half-written one.
 
-Libraries share PyTorch's OpenMP runtime (the same libgomp soname), so their threads are PyTorch's.
-Each kernel's Python entry point is registered as a torch op (`torch.ops.llmpipe.*`, `kernel_op`):
-one dispatcher call (~4 us) taking tensors, with a schema that says what it writes in place.
+Every way this can fail — no AVX2, no compiler, a compiler that exits with an error, no ninja, no
+writable build folder, a library that does not load — logs one warning and `library()` returns None,
+and the callers take their PyTorch paths. The result is cached per process, so a failure costs one
+attempt, never one per decode step.
+
+The library links libgomp by the soname of PyTorch's own copy, which is loaded first, so the kernels'
+threads are PyTorch's (torch.set_num_threads, OMP_NUM_THREADS). Each op is one dispatcher call into
+its C++ wrapper; its fake implementation (`fake.py`) lets torch.compile trace it as an opaque op.
 """
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
 import torch
+from torch.utils import cpp_extension
 
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
-I64, PTR = ctypes.c_int64, ctypes.c_void_p
+OPS_SOURCE = "ops.cpp"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-fPIC")  # the C kernels'
+CXX_FLAGS = ("-O2",)  # ops.cpp's (argument checks and calls only)
+LINK_FLAGS = ("-fopenmp", "-lm")
 
-
-_OPS = torch.library.Library("llmpipe", "FRAGMENT")
-
-
-def kernel_op(schema: str):
-    """Register the decorated CPU implementation as the torch op llmpipe::<name> (`schema` in
-    torch.library's syntax: `Tensor(a!)` for what it writes in place) and return the op."""
-
-    def register(implementation):
-        name = schema.split("(", 1)[0]
-        _OPS.define(schema)
-        _OPS.impl(name, implementation, "CPU")
-        return getattr(torch.ops.llmpipe, name)
-
-    return register
+_loaded: Path | None = None  # the library this process has loaded: it cannot be unloaded, nor another loaded
 
 
 class KernelBuildError(Exception):
-    """Why a kernel is not used (logged once, never raised to a caller)."""
+    """Why the kernels are not used (logged once, never raised to a caller)."""
 
 
-class KernelLibrary:
-    """One C source's library (csrc/`name`.c), built and loaded on first call; None after one warning
-    when that cannot be done here. `signatures` gives each function its ctypes argument types."""
-
-    instances: list[KernelLibrary] = []
-
-    def __init__(self, name: str, **signatures: list) -> None:
-        self.name, self.signatures = name, signatures
-        self._library: ctypes.CDLL | None = None
-        self._tried = False
-        KernelLibrary.instances.append(self)
-
-    def __call__(self) -> ctypes.CDLL | None:
-        if not self._tried:  # checked on every kernel call: kept to one attribute read
-            self._library, self._tried = self._load(), True
-        return self._library
-
-    def _load(self) -> ctypes.CDLL | None:
-        try:
-            library = _load(CSRC / f"{self.name}.c")
-            for function, argtypes in self.signatures.items():
-                getattr(library, function).argtypes = argtypes
-        except (KernelBuildError, OSError, AttributeError) as err:
-            logger.warning("the %s kernel is not used, PyTorch computes it instead: %s", self.name, err)
-            return None
-        return library
-
-    def reset(self) -> None:
-        self._library, self._tried = None, False
+@functools.cache
+def library() -> torch._ops._OpNamespace | None:
+    """torch.ops.llmpipe with the kernels loaded (built first where needed), or None after one warning."""
+    try:
+        _load()
+    except Exception as err:  # noqa: BLE001 - whatever fails (compilers, ninja, cpp_extension, the loader) falls back
+        logger.warning("llmpipe's C kernels are not used, PyTorch computes their ops instead: %s", err)
+        return None
+    return torch.ops.llmpipe
 
 
-def _load(source: Path) -> ctypes.CDLL:
+def _load() -> None:
+    global _loaded
+    compiler = _c_compiler()
+    path = library_path(compiler)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    objects = [_compile(compiler, source, path.parent) for source in sorted(CSRC.glob("*.c"))]
+    if _loaded == path:
+        return
+    if _loaded is not None:
+        raise KernelBuildError(f"{_loaded} is loaded in this process already; a new build loads in a new one")
+    _build_and_load(path, objects)
+    _loaded = path
+    from llmpipe.kernels import fake  # noqa: F401 - the ops' fake implementations (ops.cpp names this module)
+
+
+def _c_compiler() -> str:
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         raise KernelBuildError("this CPU has no AVX2 + FMA")
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelBuildError("no C compiler (cc or gcc) on PATH")
-    library = library_path(source, compiler)
-    if not library.exists():
-        _compile(compiler, source, library)
-    torch.ones(1).sum()  # make sure PyTorch's OpenMP runtime is loaded first, so the library binds to it
+    return compiler
+
+
+def _build_and_load(path: Path, objects: list[Path]) -> None:
+    """ops.cpp linked with the C objects into `path` (unless ninja finds it up to date), then loaded."""
     try:
-        return ctypes.CDLL(str(library))
+        with _interpreter_bin_on_path():
+            cpp_extension.load(
+                name=path.stem, sources=[str(CSRC / OPS_SOURCE)], extra_cflags=list(CXX_FLAGS),
+                extra_ldflags=[*map(str, objects), *LINK_FLAGS], build_directory=str(path.parent),
+                is_python_module=False, verbose=False,
+            )
+    except RuntimeError as err:  # no ninja, or the build failed (the message holds ninja's whole log)
+        raise KernelBuildError(_first_error(str(err))) from None
     except OSError as err:
-        raise KernelBuildError(f"{library} does not load ({err}); delete it to rebuild") from None
+        raise KernelBuildError(f"{path} was not built or does not load ({err.__cause__ or err})") from None
 
 
-def library_path(source: Path, compiler: str) -> Path:
-    """Where the build of `source` by `compiler` lives: named by a hash of the source, the shared
-    headers, the flags and the compiler's version, so a change to any of them builds anew."""
-    key = hashlib.sha256()
-    headers = [h.read_bytes() for h in sorted(CSRC.glob("*.h"))]  # any kernel may include any of them
-    for part in (source.read_bytes(), *headers, " ".join(FLAGS).encode(), compiler_version(compiler)):
+def library_path(compiler: str) -> Path:
+    """The library's path, in a folder named like it: a hash of every csrc file, the flags, the C and
+    C++ compilers' versions, PyTorch's version, the interpreter's ABI tag and the build folder (so
+    that one name is never built with two sets of arguments, which cpp_extension would rename)."""
+    folder, key = build_dir(), hashlib.sha256()
+    sources = sorted(p for p in CSRC.iterdir() if p.suffix in (".c", ".h", ".cpp"))  # any may include any header
+    parts = [part for p in sources for part in (p.name.encode(), p.read_bytes())]
+    parts += [" ".join(FLAGS + CXX_FLAGS + LINK_FLAGS).encode(), compiler_version(compiler),
+              compiler_version(cpp_extension.get_cxx_compiler()), torch.__version__.encode(),
+              sys.implementation.cache_tag.encode(), str(folder).encode()]
+    for part in parts:
         key.update(part)
         key.update(b"\0")
-    return build_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    name = f"llmpipe_ops_{key.hexdigest()[:16]}"
+    return folder / name / f"{name}.so"
 
 
 @functools.cache
@@ -145,10 +154,14 @@ def _usable_dir(folder: Path) -> bool:
         return False
 
 
-def _compile(compiler: str, source: Path, library: Path) -> None:
+def _compile(compiler: str, source: Path, folder: Path) -> Path:
+    """source's object file in `folder` (compiled unless it is there)."""
+    target = folder / f"{source.stem}.o"
+    if target.exists():
+        return target
     logger.info("compiling %s", source.name)
-    partial = library.with_suffix(f".{os.getpid()}.tmp")  # per process: concurrent first uses never share it
-    command = [compiler, *FLAGS, f"-I{CSRC}", str(source), "-o", str(partial), "-lm"]
+    partial = target.with_suffix(f".{os.getpid()}.tmp")  # per process: concurrent first uses never share it
+    command = [compiler, *FLAGS, "-c", f"-I{CSRC}", str(source), "-o", str(partial)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -157,11 +170,37 @@ def _compile(compiler: str, source: Path, library: Path) -> None:
         partial.unlink(missing_ok=True)
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise KernelBuildError(f"{compiler} exited with status {done.returncode}: {last}")
-    partial.replace(library)  # atomic: concurrent builders never load a half-written file
+    partial.replace(target)  # atomic: concurrent builders never link a half-written file
+    return target
 
 
-def reset_all() -> None:
-    """Forget every load (for tests that change the compiler or the build folder)."""
-    for library in KernelLibrary.instances:
-        library.reset()
+@contextlib.contextmanager
+def _interpreter_bin_on_path() -> Iterator[None]:
+    """PATH led by the interpreter's bin folder while cpp_extension runs: it looks for ninja on PATH
+    only, a venv's python run by its path does not have that folder on PATH, and `pip install ninja`
+    (a dependency) puts ninja there. First, so that one ninja builds every time: a ninja of another
+    version rewrites the build log and rebuilds ops.cpp."""
+    previous = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), previous or os.defpath])
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = previous
+
+
+def _first_error(build_log: str) -> str:
+    """cpp_extension's message, cut to its first line and the compiler's first error."""
+    lines = [line.strip() for line in build_log.splitlines() if line.strip()] or ["no message"]
+    errors = [line for line in lines[1:] if "error" in line.lower()]
+    head = lines[0].split(": [", 1)[0]  # ninja's log follows on the first line: "[1/2] c++ ..."
+    return head if not errors else f"{head}: {errors[0]}"
+
+
+def reset() -> None:
+    """Forget the attempt (for tests that change the compiler or the build folder); a library loaded
+    already stays loaded."""
+    library.cache_clear()
     compiler_version.cache_clear()

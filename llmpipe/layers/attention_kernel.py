@@ -9,17 +9,9 @@ quantized). Both are tested against `reference_paged_attention`.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
-
-_library = KernelLibrary(
-    "paged_attention",
-    paged_decode_attention=[PTR] * 5 + [I64] * 7 + [ctypes.c_float, I64],
-    rope_write_decode_attention=[PTR] * 8 + [I64] * 7 + [ctypes.c_float, I64],
-)
+from llmpipe.kernels.build import library as _library
 
 
 def usable(q: torch.Tensor, kv_cache) -> bool:
@@ -31,27 +23,15 @@ def usable(q: torch.Tensor, kv_cache) -> bool:
     )
 
 
-@kernel_op("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, int? window) -> Tensor")
 def paged_decode_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D]."""
-    batch, heads, head_dim = q.shape
-    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-    q, tables, lens = q.contiguous(), block_tables.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
-    out = torch.empty(batch, heads * head_dim)
-    _library().paged_decode_attention(
-        q.data_ptr(), kv_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-        batch, heads, kv_heads, head_dim, num_blocks, block_size, tables.shape[1], scale, window or 0,
-    )
-    return out
+    """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D]; the tables
+    and lengths of any integer type."""
+    return _library().paged_decode_attention(q, kv_cache, block_tables, lens, scale, window)
 
 
-@kernel_op(
-    "rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
-    "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor"
-)
 def rope_write_decode_attention(
     heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
     block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int, scale: float, window: int | None,
@@ -59,15 +39,8 @@ def rope_write_decode_attention(
     """A decode-only step's attention in one call: heads [B, H + 2 KVH, D] (the qkv projection,
     rotated in place), RoPE with cos / sin [B, 1, D], K/V written at `slots`, then the decode
     kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
-    batch, _, head_dim = heads.shape
-    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-    out = torch.empty(batch, num_heads * head_dim)
-    _library().rope_write_decode_attention(
-        heads.data_ptr(), cos.data_ptr(), sin.data_ptr(), kv_cache.data_ptr(), slots.data_ptr(),
-        block_tables.data_ptr(), lens.data_ptr(), out.data_ptr(), batch, num_heads, kv_heads, head_dim, num_blocks,
-        block_size, block_tables.shape[1], scale, window or 0,
-    )
-    return out
+    return _library().rope_write_decode_attention(
+        heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads, scale, window)
 
 
 def fused_decode_usable(heads: torch.Tensor, cos: torch.Tensor, kv_cache, meta) -> bool:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
+from llmpipe.kernels.build import library as _library
 
 MIN_ROWS, MAX_ROWS = 2, 8  # one row stays on MKL's matrix-vector product
-_library = KernelLibrary("small_batch_linear", small_batch_linear=[PTR, PTR, PTR, I64, I64, I64])
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -23,10 +22,6 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-@kernel_op("small_batch_linear(Tensor x, Tensor weight) -> Tensor")
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T for 2 <= M <= 8, float32 on CPU."""
-    x = x.contiguous()
-    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    _library().small_batch_linear(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0], x.shape[1])
-    return y
+    return _library().small_batch_linear(x, weight)

@@ -1,4 +1,4 @@
-"""The low-bit decode kernels, as torch ops (torch.ops.llmpipe.*): float activations (kernels/csrc/lowbit_linear.c,
+"""The low-bit decode kernels, the torch ops torch.ops.llmpipe.* (kernels/csrc/ops.cpp): float activations (kernels/csrc/lowbit_linear.c,
 the exact path) or activation blocks quantized to 8 or 16 bits meeting the codes in integer dot
 products (kernels/csrc/lowbit_dot.c, as llama.cpp computes with 8; `reference_dot_linear` is their
 PyTorch reference).
@@ -14,21 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
+from llmpipe.kernels.build import library as _library
 
 MAX_ROWS = 8  # rows per call (csrc MAX_ROWS)
 CHUNK = 32  # K (padded) and group sizes are multiples of this
-_library = KernelLibrary(
-    "lowbit_linear",
-    int4_linear=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64],
-    int8_linear=[PTR, PTR, PTR, PTR, I64, I64, I64, I64],
-)
-_dot_library = KernelLibrary(
-    "lowbit_dot",
-    int4_linear_dot=[PTR, PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64, I64],
-    int8_linear_dot=[PTR, PTR, PTR, PTR, I64, I64, I64, I64, I64, I64],
-    has_vnni=[],
-)
 DOT_BLOCK = 32  # activation elements sharing one scale
 ACTIVATION_BITS = (8, 16)  # what the integer-dot kernels quantize activations to
 LEVELS = {8: 127, 16: 16256}  # |code| bound per bits (csrc Q8_LEVELS, Q16_LEVELS: 16 bits held as two int8 planes)
@@ -38,56 +27,33 @@ def available() -> bool:
     return _library() is not None
 
 
-@kernel_op("int4_linear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group) -> Tensor")
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
     """x [M <= MAX_ROWS, K] float32 contiguous → [M, N] float32."""
-    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _library().int4_linear(
-        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), offset.data_ptr(), y.data_ptr(),
-        x.shape[0], codes.shape[0], x.shape[1], group,
-    )
-    return y
+    return _library().int4_linear(x, codes, scale, offset, group)
 
 
-@kernel_op("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor")
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
-    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _library().int8_linear(
-        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group
-    )
-    return y
+    return _library().int8_linear(x, codes, scale, group)
 
 
 def dot_available() -> bool:
-    return _dot_library() is not None
+    return _library() is not None  # one library holds both kinds of kernel
 
 
 def dot_isas() -> list[int]:
     """The integer-dot code paths this CPU runs: 0 (AVX2) and, with AVX512-VNNI, 1."""
-    return [0, 1] if dot_available() and _dot_library().has_vnni() else [0]
+    return [0, 1] if dot_available() and _library().has_vnni() else [0]
 
 
-@kernel_op("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor")
 def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
                     bits: int = 8, isa: int = 1) -> torch.Tensor:
     """As int4_linear, with x quantized to `bits` (ACTIVATION_BITS) blocks (`isa` 0 forces the AVX2 path)."""
-    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _dot_library().int4_linear_dot(
-        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), offset.data_ptr(), y.data_ptr(),
-        x.shape[0], codes.shape[0], x.shape[1], group, bits, isa,
-    )
-    return y
+    return _library().int4_linear_dot(x, codes, scale, offset, group, bits, isa)
 
 
-@kernel_op("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor")
 def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 8,
                     isa: int = 1) -> torch.Tensor:
-    y = torch.empty(x.shape[0], codes.shape[0], dtype=torch.float32)
-    _dot_library().int8_linear_dot(
-        x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), x.shape[0], codes.shape[0], x.shape[1], group,
-        bits, isa,
-    )
-    return y
+    return _library().int8_linear_dot(x, codes, scale, group, bits, isa)
 
 
 def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

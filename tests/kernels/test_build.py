@@ -1,12 +1,16 @@
-"""A C kernel that cannot be built or loaded — a compiler that fails, no writable build folder, a
-corrupt library — costs one warning and one attempt; every caller then gets the PyTorch path's
-exact outputs, and the decode step never sees an exception."""
+"""The C kernels' extension that cannot be built or loaded — a compiler that fails, no writable build
+folder, no ninja, a library that does not load, a second build in one process — costs one warning
+and one attempt; every caller then gets the PyTorch path's exact outputs, and the decode step never
+sees an exception."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import stat
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,15 +23,24 @@ from llmpipe.layers.linear import linear
 from llmpipe.quant import kernels as lowbit
 from llmpipe.quant.linear import Int4Linear, Int8Linear
 
-LIBRARIES = (lowbit._library, small_batch._library, attention_kernel._library)
+COMPILER = shutil.which("cc") or shutil.which("gcc")
 
 
 @pytest.fixture(autouse=True)
 def fresh_loads():
-    """Every test starts and ends with nothing loaded, so later tests load the real kernels again."""
-    build.reset_all()
+    """Every test starts and ends with no attempt made, so later tests load the real kernels again."""
+    build.reset()
     yield
-    build.reset_all()
+    build.reset()
+
+
+@pytest.fixture
+def as_a_new_process(tmp_path, monkeypatch):
+    """No library loaded yet, the build folder empty and the C objects taken as compiled (the tests
+    that use this fail later, at ninja or the loader)."""
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "build_candidates", lambda: [tmp_path / "kernels"])
+    monkeypatch.setattr(build, "_compile", lambda compiler, source, folder: folder / f"{source.stem}.o")
 
 
 def kernel_outputs() -> list[torch.Tensor]:
@@ -61,15 +74,18 @@ def assert_falls_back(monkeypatch, caplog, reason: str) -> None:
         for _ in range(2):  # a second use neither retries nor warns again
             for got, want in zip(kernel_outputs(), expected, strict=True):
                 assert torch.equal(got, want)
-    assert all(library() is None for library in LIBRARIES)
+    assert build.library() is None
+    assert not lowbit.available() and not lowbit.dot_available() and lowbit.dot_isas() == [0]
     warnings = [r.getMessage() for r in caplog.records if r.name == build.__name__]
-    assert len(warnings) == len(LIBRARIES), warnings
-    assert all(reason in w for w in warnings), warnings
+    assert len(warnings) == 1, warnings
+    assert reason in warnings[0], warnings
 
 
 def test_the_kernels_build_and_load_on_this_machine():
-    """CI machines have a compiler and AVX2: if this fails, decode silently loses its kernels."""
-    assert all(library() is not None for library in LIBRARIES)
+    """CI machines have a compiler, ninja and AVX2: if this fails, decode silently loses its kernels."""
+    assert build.library() is torch.ops.llmpipe
+    assert lowbit.available() and lowbit.dot_available()
+    assert build.library_path(COMPILER).exists()
 
 
 def test_a_compiler_that_fails_falls_back_to_pytorch(tmp_path, monkeypatch, caplog):
@@ -78,6 +94,7 @@ def test_a_compiler_that_fails_falls_back_to_pytorch(tmp_path, monkeypatch, capl
                     'echo "fake-cc: internal compiler error" >&2\nexit 1\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(build, "build_candidates", lambda: [tmp_path / "kernels"])
     assert_falls_back(monkeypatch, caplog, "internal compiler error")
 
 
@@ -88,23 +105,57 @@ def test_no_writable_build_folder_falls_back_to_pytorch(tmp_path, monkeypatch, c
     assert_falls_back(monkeypatch, caplog, "no writable build folder")
 
 
-def test_a_corrupt_library_falls_back_to_pytorch(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(build, "build_candidates", lambda: [tmp_path / "kernels"])
-    compiler = build.shutil.which("cc") or build.shutil.which("gcc")
-    for name in ("lowbit_linear", "small_batch_linear", "paged_attention"):
-        build.library_path(build.CSRC / f"{name}.c", compiler).write_bytes(b"\x7fELF but not really")
+def test_no_ninja_falls_back_to_pytorch(as_a_new_process, monkeypatch, caplog):
+    monkeypatch.setattr(build.cpp_extension, "is_ninja_available", lambda: False)
+    assert_falls_back(monkeypatch, caplog, "Ninja is required")
+
+
+def test_a_library_that_does_not_load_falls_back_to_pytorch(as_a_new_process, monkeypatch, caplog):
+    def corrupt_build(name: str, build_directory: str, **_) -> None:
+        """As if the linker had left a corrupt file: torch's loader meets it."""
+        library = Path(build_directory) / f"{name}.so"
+        library.write_bytes(b"\x7fELF but not really")
+        torch.ops.load_library(str(library))
+
+    monkeypatch.setattr(build.cpp_extension, "load", corrupt_build)
     assert_falls_back(monkeypatch, caplog, "does not load")
 
 
-def test_the_build_is_named_by_source_flags_and_compiler_version(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "build_candidates", lambda: [tmp_path])
-    source, compiler = build.CSRC / "paged_attention.c", build.shutil.which("cc") or build.shutil.which("gcc")
-    first = build.library_path(source, compiler)
+def test_a_second_build_in_one_process_is_refused_not_loaded(monkeypatch, caplog):
+    """A process cannot hold two libraries defining the llmpipe ops: the one loaded stays in use."""
+    assert build.library() is not None
+    build.reset()
+    monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-DANOTHER_BUILD"))
+    monkeypatch.setattr(build, "_compile", lambda compiler, source, folder: folder / f"{source.stem}.o")
+    assert_falls_back(monkeypatch, caplog, "is loaded in this process already")
+
+
+def test_the_build_is_named_by_every_source_the_flags_the_compilers_and_torch(tmp_path, monkeypatch):
+    csrc = tmp_path / "csrc"
+    shutil.copytree(build.CSRC, csrc, ignore=shutil.ignore_patterns("_build"))
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "build_candidates", lambda: [tmp_path / "kernels"])
+    paths = [build.library_path(COMPILER)]
+    for edited in ("simd.h", "ops.cpp", "paged_attention.c"):
+        with (csrc / edited).open("a") as source:
+            source.write("\n")
+        paths.append(build.library_path(COMPILER))
     monkeypatch.setattr(build, "FLAGS", (*build.FLAGS, "-DEXTRA"))
-    with_flags = build.library_path(source, compiler)
-    monkeypatch.setattr(build, "compiler_version", lambda _: b"another compiler 99")
-    with_compiler = build.library_path(source, compiler)
-    assert len({first, with_flags, with_compiler}) == 3
+    paths.append(build.library_path(COMPILER))
+    monkeypatch.setattr(torch, "__version__", "99.0")
+    paths.append(build.library_path(COMPILER))
+    monkeypatch.setattr(build, "compiler_version", lambda compiler: compiler.encode() + b" 99")
+    paths.append(build.library_path(COMPILER))
+    assert len(set(paths)) == len(paths)
+    assert all(p.parent.name == p.stem for p in paths)
+
+
+def test_ninja_is_looked_for_first_beside_the_interpreter_while_building_only(monkeypatch):
+    """Where `pip install ninja` puts it, which a venv's python run by its path lacks on PATH."""
+    monkeypatch.setenv("PATH", "/nowhere")
+    with build._interpreter_bin_on_path():
+        assert os.environ["PATH"].split(os.pathsep) == [str(Path(sys.executable).parent), "/nowhere"]
+    assert os.environ["PATH"] == "/nowhere"
 
 
 def test_the_fallback_build_folder_is_per_user_and_refused_if_another_user_owns_it(tmp_path):

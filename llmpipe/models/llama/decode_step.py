@@ -1,8 +1,8 @@
-"""A Llama-family decode step in one C call (kernels/csrc/decode_step.c), registered as the torch op
-`llmpipe::decode_step`.
+"""A Llama-family decode step in one C call (kernels/csrc/decode_step.c), the torch op `llmpipe::decode_step`
+(kernels/csrc/ops.cpp).
 
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
-attention: run as one PyTorch or ctypes call each, with Python between them, the calls cost more
+attention: run as one PyTorch or kernel op call each, with Python between them, the calls cost more
 than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The kernel runs every
 layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the embedding, the final
 norm and the LM head stay in PyTorch (one call each).
@@ -15,13 +15,11 @@ other families — and is what this step is tested against.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import nn
 
 from llmpipe.config import ModelConfig
-from llmpipe.kernels.build import I64, PTR, KernelLibrary, kernel_op
+from llmpipe.kernels.build import library as _library
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
@@ -34,10 +32,6 @@ MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MA
 MAX_BATCH = KERNEL_MAX_BATCH
 F32, INT4, INT8 = 0, 1, 2
 LINEAR_SLOTS = 9  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group
-_library = KernelLibrary(
-    "decode_step",
-    decode_step=[PTR, PTR] + [I64] * 6 + [ctypes.c_float, ctypes.c_float, I64] + [PTR] * 4 + [I64, PTR, I64, I64],
-)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -153,19 +147,10 @@ class LlamaDecodeStep:
         return x
 
 
-@kernel_op(
-    "decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor descriptors, Tensor cos, Tensor sin, Tensor slots, "
-    "Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()"
-)
 def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
                    sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                    sizes: list[int], eps: float, scale: float) -> None:
     """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
     cache, through the addresses in `descriptors`) are written in place. sizes: hidden, heads, KV heads,
     head dim, blocks, block size, window (0: none)."""
-    hidden, heads, kv_heads, head_dim, num_blocks, block_size, window = sizes
-    _library().decode_step(
-        x.data_ptr(), descriptors.data_ptr(), descriptors.shape[0], x.shape[0], hidden, heads, kv_heads, head_dim,
-        eps, scale, window, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1],
-        lens.data_ptr(), num_blocks, block_size,
-    )
+    _library().decode_step(x, kv_pool, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale)

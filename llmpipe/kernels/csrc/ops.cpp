@@ -1,0 +1,295 @@
+// The torch ops llmpipe::* over the C kernels in this folder (built into one extension by ../build.py).
+//
+// Each wrapper checks what its C entry point assumes (CPU, dtype, contiguity, shapes), so a wrong
+// input is a RuntimeError naming it rather than a read past a buffer, allocates the outputs and
+// calls the kernel. The schemas mark what an op writes in place (`Tensor(a!)`); the fake (meta)
+// implementations torch.compile traces with are Python, in llmpipe/kernels/fake.py.
+//
+// A new kernel: its C declaration in `kernels`, a wrapper, and a def + impl line below.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace kernels {
+extern "C" {
+// lowbit_linear.c
+void int4_linear(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y, int64_t M,
+                 int64_t N, int64_t K, int64_t group);
+void int8_linear(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N, int64_t K,
+                 int64_t group);
+// lowbit_dot.c
+int has_vnni(void);
+void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
+                     int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa);
+void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N,
+                     int64_t K, int64_t group, int64_t bits, int64_t isa);
+// small_batch_linear.c
+void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
+// paged_attention.c
+void paged_decode_attention(const float *q, const float *cache, const int64_t *block_tables, const int64_t *lens,
+                            float *out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t num_blocks,
+                            int64_t block_size, int64_t table_width, float scale, int64_t window);
+void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
+                                 const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
+                                 int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
+                                 float scale, int64_t window);
+// decode_step.c (layers: LayerDesc[num_layers], int64 words as layers/decode_step.py lays them out)
+void decode_step(float *x, const void *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H, int64_t KVH,
+                 int64_t D, float eps, float scale, int64_t window, const float *cos, const float *sin,
+                 const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
+                 int64_t num_blocks, int64_t block_size);
+}
+}  // namespace kernels
+
+namespace {
+
+constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
+constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
+constexpr int64_t LAYER_WORDS = 2 + 4 * 9 + 1;  // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, the cache
+
+constexpr int64_t ANY_RANK = -1;
+
+// A CPU tensor of this dtype and rank whose elements the C code may read as one flat array.
+void check(const char *op, const char *name, const at::Tensor &t, at::ScalarType dtype, int64_t rank) {
+    TORCH_CHECK(t.device().is_cpu(), op, ": ", name, " must be a CPU tensor, got one on ", t.device());
+    TORCH_CHECK(t.scalar_type() == dtype, op, ": ", name, " must be ", dtype, ", got ", t.scalar_type());
+    TORCH_CHECK(rank == ANY_RANK || t.dim() == rank, op, ": ", name, " must have ", rank, " dimensions, got shape ",
+                t.sizes());
+    TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got strides ", t.strides(), " for shape ",
+                t.sizes());
+}
+
+void check_size(const char *op, const char *name, const at::Tensor &t, int64_t dim, int64_t size) {
+    TORCH_CHECK(t.size(dim) == size, op, ": ", name, " must have size ", size, " in dimension ", dim,
+                ", got shape ", t.sizes());
+}
+
+struct Shape {
+    int64_t M, N, K;
+};
+
+// x [M <= MAX_ROWS, K] float32; codes [N, K / codes_per_byte]; scale (and offset) [N, ceil(K / group)];
+// K and group multiples of CHUNK.
+Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes, at::ScalarType code_type,
+                   int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
+    check(op, "x", x, at::kFloat, 2);
+    check(op, "codes", codes, code_type, 2);
+    check(op, "scale", scale, at::kFloat, 2);
+    const Shape s{x.size(0), codes.size(0), x.size(1)};
+    TORCH_CHECK(s.M >= 1 && s.M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", s.M);
+    TORCH_CHECK(s.K % CHUNK == 0 && group > 0 && group % CHUNK == 0, op, ": K (", s.K, ") and group (", group,
+                ") must be positive multiples of ", CHUNK);
+    check_size(op, "codes", codes, 1, s.K / codes_per_byte);
+    const int64_t groups = (s.K + group - 1) / group;
+    check_size(op, "scale", scale, 0, s.N);
+    check_size(op, "scale", scale, 1, groups);
+    if (offset != nullptr) {
+        check(op, "offset", *offset, at::kFloat, 2);
+        check_size(op, "offset", *offset, 0, s.N);
+        check_size(op, "offset", *offset, 1, groups);
+    }
+    return s;
+}
+
+at::Tensor float_empty(int64_t rows, int64_t cols) { return at::empty({rows, cols}, at::dtype(at::kFloat)); }
+
+at::Tensor int4_linear(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale,
+                       const at::Tensor &offset, int64_t group) {
+    const Shape s = check_lowbit("int4_linear", x, codes, at::kByte, 2, scale, &offset, group);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::int4_linear(x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                         offset.const_data_ptr<float>(), y.mutable_data_ptr<float>(), s.M, s.N, s.K, group);
+    return y;
+}
+
+at::Tensor int8_linear(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale, int64_t group) {
+    const Shape s = check_lowbit("int8_linear", x, codes, at::kChar, 1, scale, nullptr, group);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::int8_linear(x.const_data_ptr<float>(), codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+                         y.mutable_data_ptr<float>(), s.M, s.N, s.K, group);
+    return y;
+}
+
+void check_bits(const char *op, int64_t bits) {
+    TORCH_CHECK(bits == 8 || bits == 16, op, ": bits must be 8 or 16, got ", bits);
+}
+
+at::Tensor int4_linear_dot(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale,
+                           const at::Tensor &offset, int64_t group, int64_t bits, int64_t isa) {
+    const Shape s = check_lowbit("int4_linear_dot", x, codes, at::kByte, 2, scale, &offset, group);
+    check_bits("int4_linear_dot", bits);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::int4_linear_dot(x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                             offset.const_data_ptr<float>(), y.mutable_data_ptr<float>(), s.M, s.N, s.K, group, bits,
+                             isa);
+    return y;
+}
+
+at::Tensor int8_linear_dot(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale, int64_t group,
+                           int64_t bits, int64_t isa) {
+    const Shape s = check_lowbit("int8_linear_dot", x, codes, at::kChar, 1, scale, nullptr, group);
+    check_bits("int8_linear_dot", bits);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::int8_linear_dot(x.const_data_ptr<float>(), codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
+                             y.mutable_data_ptr<float>(), s.M, s.N, s.K, group, bits, isa);
+    return y;
+}
+
+int64_t has_vnni() { return kernels::has_vnni(); }
+
+// x [M, K] (any strides: copied when not contiguous) @ weight [N, K].T, 1 <= M <= MAX_ROWS, K % 16 == 0.
+at::Tensor small_batch_linear(const at::Tensor &x_in, const at::Tensor &weight) {
+    const char *op = "small_batch_linear";
+    const at::Tensor x = x_in.contiguous();
+    check(op, "x", x, at::kFloat, 2);
+    check(op, "weight", weight, at::kFloat, 2);
+    const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
+    TORCH_CHECK(M >= 1 && M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", M);
+    TORCH_CHECK(K % 16 == 0, op, ": K must be a multiple of 16, got ", K);
+    check_size(op, "weight", weight, 1, K);
+    at::Tensor y = float_empty(M, N);
+    kernels::small_batch_linear(x.const_data_ptr<float>(), weight.const_data_ptr<float>(), y.mutable_data_ptr<float>(),
+                                M, N, K);
+    return y;
+}
+
+struct Cache {
+    int64_t num_blocks, block_size, kv_heads, head_dim;
+};
+
+// kv_cache [2, blocks, block_size, KVH, D] float32 with D % 8 == 0; `heads` query heads sharing the KV heads.
+Cache check_cache(const char *op, const at::Tensor &kv_cache, int64_t heads) {
+    check(op, "kv_cache", kv_cache, at::kFloat, 5);
+    check_size(op, "kv_cache", kv_cache, 0, 2);
+    const Cache c{kv_cache.size(1), kv_cache.size(2), kv_cache.size(3), kv_cache.size(4)};
+    TORCH_CHECK(c.head_dim % 8 == 0, op, ": the head dim must be a multiple of 8, got ", c.head_dim);
+    TORCH_CHECK(c.kv_heads > 0 && heads % c.kv_heads == 0, op, ": ", heads,
+                " query heads must be a multiple of the cache's ", c.kv_heads, " KV heads");
+    return c;
+}
+
+// Per sequence of a batch of `batch`: block_tables [batch, W] and lens [batch], int64.
+void check_tables(const char *op, const at::Tensor &block_tables, const at::Tensor &lens, int64_t batch) {
+    check(op, "block_tables", block_tables, at::kLong, 2);
+    check(op, "lens", lens, at::kLong, 1);
+    check_size(op, "block_tables", block_tables, 0, batch);
+    check_size(op, "lens", lens, 0, batch);
+}
+
+// cos or sin: batch × head_dim float32 values (any shape, e.g. [B, 1, D]).
+void check_rotary(const char *op, const char *name, const at::Tensor &t, int64_t batch, int64_t head_dim) {
+    check(op, name, t, at::kFloat, ANY_RANK);
+    TORCH_CHECK(t.numel() == batch * head_dim, op, ": ", name, " must hold ", batch, " x ", head_dim,
+                " values, got shape ", t.sizes());
+}
+
+// q [B, H, D] (copied when not contiguous); tables and lens converted to contiguous int64 as needed.
+at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_cache, const at::Tensor &block_tables,
+                                  const at::Tensor &lens_in, double scale, std::optional<int64_t> window) {
+    const char *op = "paged_decode_attention";
+    const at::Tensor q = q_in.contiguous();
+    const at::Tensor tables = block_tables.to(at::kLong).contiguous(), lens = lens_in.to(at::kLong).contiguous();
+    check(op, "q", q, at::kFloat, 3);
+    const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2);
+    const Cache c = check_cache(op, kv_cache, heads);
+    check_size(op, "q", q, 2, c.head_dim);
+    check_tables(op, tables, lens, batch);
+    at::Tensor out = float_empty(batch, heads * head_dim);
+    kernels::paged_decode_attention(q.const_data_ptr<float>(), kv_cache.const_data_ptr<float>(),
+                                    tables.const_data_ptr<int64_t>(), lens.const_data_ptr<int64_t>(),
+                                    out.mutable_data_ptr<float>(), batch, heads, c.kv_heads, head_dim, c.num_blocks,
+                                    c.block_size, tables.size(1), static_cast<float>(scale), window.value_or(0));
+    return out;
+}
+
+// heads [B, H + 2 KVH, D] (rotated in place), K/V written to kv_cache at slots [B].
+at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor &cos, const at::Tensor &sin,
+                                       const at::Tensor &kv_cache, const at::Tensor &slots,
+                                       const at::Tensor &block_tables, const at::Tensor &lens, int64_t num_heads,
+                                       double scale, std::optional<int64_t> window) {
+    const char *op = "rope_write_decode_attention";
+    check(op, "heads", heads, at::kFloat, 3);
+    const int64_t batch = heads.size(0), head_dim = heads.size(2);
+    const Cache c = check_cache(op, kv_cache, num_heads);
+    check_size(op, "heads", heads, 1, num_heads + 2 * c.kv_heads);
+    check_size(op, "heads", heads, 2, c.head_dim);
+    check_rotary(op, "cos", cos, batch, head_dim);
+    check_rotary(op, "sin", sin, batch, head_dim);
+    check(op, "slots", slots, at::kLong, 1);
+    check_size(op, "slots", slots, 0, batch);
+    check_tables(op, block_tables, lens, batch);
+    at::Tensor out = float_empty(batch, num_heads * head_dim);
+    kernels::rope_write_decode_attention(
+        heads.mutable_data_ptr<float>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
+        kv_cache.mutable_data_ptr<float>(), slots.const_data_ptr<int64_t>(), block_tables.const_data_ptr<int64_t>(),
+        lens.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), batch, num_heads, c.kv_heads, head_dim,
+        c.num_blocks, c.block_size, block_tables.size(1), static_cast<float>(scale), window.value_or(0));
+    return out;
+}
+
+// x [B, hidden] updated in place; kv_pool is written through the cache addresses in `descriptors`
+// [layers, LAYER_WORDS] (passed so that the schema says so). sizes: hidden, heads, KV heads, head dim,
+// blocks, block size, window (0: none).
+void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tensor &descriptors,
+                 const at::Tensor &cos, const at::Tensor &sin, const at::Tensor &slots, const at::Tensor &tables,
+                 const at::Tensor &lens, at::IntArrayRef sizes, double eps, double scale) {
+    const char *op = "decode_step";
+    TORCH_CHECK(sizes.size() == 7, op, ": sizes must be [hidden, heads, KV heads, head dim, blocks, block size, "
+                "window], got ", sizes);
+    const int64_t hidden = sizes[0], heads = sizes[1], kv_heads = sizes[2], head_dim = sizes[3];
+    check(op, "x", x, at::kFloat, 2);
+    const int64_t batch = x.size(0);
+    TORCH_CHECK(batch >= 1, op, ": x must have at least one row");
+    check_size(op, "x", x, 1, hidden);
+    TORCH_CHECK(hidden % 8 == 0 && head_dim % 8 == 0, op, ": hidden (", hidden, ") and head dim (", head_dim,
+                ") must be multiples of 8");
+    TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, ": ", heads, " heads must be a multiple of ", kv_heads,
+                " KV heads");
+    TORCH_CHECK(kv_pool.device().is_cpu() && kv_pool.scalar_type() == at::kFloat, op,
+                ": kv_pool must be a float32 CPU tensor");
+    check(op, "descriptors", descriptors, at::kLong, 2);
+    TORCH_CHECK(descriptors.size(0) >= 1, op, ": descriptors must describe at least one layer");
+    check_size(op, "descriptors", descriptors, 1, LAYER_WORDS);
+    check_rotary(op, "cos", cos, batch, head_dim);
+    check_rotary(op, "sin", sin, batch, head_dim);
+    check(op, "slots", slots, at::kLong, 1);
+    check_size(op, "slots", slots, 0, batch);
+    check_tables(op, tables, lens, batch);
+    kernels::decode_step(x.mutable_data_ptr<float>(), descriptors.const_data_ptr<int64_t>(), descriptors.size(0), batch,
+                         hidden, heads, kv_heads, head_dim, static_cast<float>(eps), static_cast<float>(scale),
+                         sizes[6], cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
+                         slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(), tables.size(1),
+                         lens.const_data_ptr<int64_t>(), sizes[4], sizes[5]);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(llmpipe, m) {
+    m.set_python_module("llmpipe.kernels.fake");
+    m.def("int4_linear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group) -> Tensor");
+    m.def("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor");
+    m.def("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor");
+    m.def("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor");
+    m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
+    m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
+    m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
+          "int? window) -> Tensor");
+    m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
+          "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor");
+    m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor descriptors, Tensor cos, Tensor sin, Tensor slots, "
+          "Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
+    m.impl("int4_linear", &int4_linear);
+    m.impl("int8_linear", &int8_linear);
+    m.impl("int4_linear_dot", &int4_linear_dot);
+    m.impl("int8_linear_dot", &int8_linear_dot);
+    m.impl("small_batch_linear", &small_batch_linear);
+    m.impl("paged_decode_attention", &paged_decode_attention);
+    m.impl("rope_write_decode_attention", &rope_write_decode_attention);
+    m.impl("decode_step", &decode_step);
+}

@@ -1,0 +1,61 @@
+"""Fake (meta) implementations of the ops `csrc/ops.cpp` defines: their outputs' shapes and dtypes, so
+torch.compile and FakeTensorMode trace each op as one opaque call. ops.cpp names this module
+(`set_python_module`), and torch requires the fakes of C++ ops to be registered from the module named.
+`has_vnni` takes no tensors and needs none.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n, dtype=torch.float32)
+
+
+@torch.library.register_fake("llmpipe::int4_linear")
+def int4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+                group: int) -> torch.Tensor:
+    return _rows(x, codes.shape[0])
+
+
+@torch.library.register_fake("llmpipe::int8_linear")
+def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    return _rows(x, codes.shape[0])
+
+
+@torch.library.register_fake("llmpipe::int4_linear_dot")
+def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
+                    bits: int = 8, isa: int = 1) -> torch.Tensor:
+    return _rows(x, codes.shape[0])
+
+
+@torch.library.register_fake("llmpipe::int8_linear_dot")
+def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 8,
+                    isa: int = 1) -> torch.Tensor:
+    return _rows(x, codes.shape[0])
+
+
+@torch.library.register_fake("llmpipe::small_batch_linear")
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _rows(x, weight.shape[0])
+
+
+@torch.library.register_fake("llmpipe::paged_decode_attention")
+def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor,
+                           scale: float, window: int | None) -> torch.Tensor:
+    return _rows(q, q.shape[1] * q.shape[2])
+
+
+@torch.library.register_fake("llmpipe::rope_write_decode_attention")
+def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                                slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,
+                                scale: float, window: int | None) -> torch.Tensor:
+    return _rows(heads, num_heads * heads.shape[2])
+
+
+@torch.library.register_fake("llmpipe::decode_step")
+def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, sizes: list[int],
+                eps: float, scale: float) -> None:
+    return None  # writes x and the cache in place

@@ -1,0 +1,129 @@
+"""The torch ops csrc/ops.cpp defines: their schemas (what each writes in place), their fake
+implementations (output shapes for torch.compile), and the wrappers' refusal of inputs the C code
+does not take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from llmpipe.kernels import build
+
+pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FMA, a C compiler and ninja")
+
+WRITES = {  # op → the arguments it writes in place
+    "int4_linear": set(), "int8_linear": set(), "int4_linear_dot": set(), "int8_linear_dot": set(), "has_vnni": set(),
+    "small_batch_linear": set(), "paged_decode_attention": set(),
+    "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool"},
+}
+N, K, GROUP = 48, 64, 32
+
+
+def lowbit_args(rows: int, int4: bool) -> tuple:
+    x = torch.randn(rows, K)
+    scale, offset = torch.rand(N, K // GROUP), torch.randn(N, K // GROUP)
+    if int4:
+        return x, torch.randint(0, 256, (N, K // 2), dtype=torch.uint8), scale, offset, GROUP
+    return x, torch.randint(-127, 128, (N, K), dtype=torch.int8), scale, GROUP
+
+
+def attention_args(batch: int = 2) -> dict:
+    """A paged cache of 8 blocks of 4 tokens, 2 KV heads of 16, 6 query heads."""
+    return dict(kv_cache=torch.randn(2, 8, 4, 2, 16), block_tables=torch.tensor([[3, 5, 1], [0, 2, 7]])[:batch],
+                lens=torch.tensor([10, 7])[:batch])
+
+
+def rope_args() -> tuple:
+    a = attention_args()
+    return (torch.randn(2, 6 + 2 * 2, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16), a["kv_cache"],
+            torch.tensor([9, 30]), a["block_tables"], a["lens"], 6, 0.25, None)
+
+
+@pytest.mark.parametrize("name", WRITES)
+def test_each_op_is_a_torch_op_whose_schema_marks_what_it_writes(name):
+    schema = getattr(torch.ops.llmpipe, name).default._schema
+    written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    assert written == WRITES[name]
+
+
+def test_the_integer_dot_ops_default_to_the_fastest_isa():
+    for name in ("int4_linear_dot", "int8_linear_dot"):
+        (isa,) = [a for a in getattr(torch.ops.llmpipe, name).default._schema.arguments if a.name == "isa"]
+        assert isa.default_value == 1
+
+
+@pytest.mark.parametrize("op, args", [
+    ("int4_linear", lowbit_args(3, int4=True)), ("int8_linear", lowbit_args(3, int4=False)),
+    ("int4_linear_dot", lowbit_args(1, int4=True)), ("int8_linear_dot", lowbit_args(1, int4=False)),
+    ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
+    ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
+    ("rope_write_decode_attention", rope_args()),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_fake_implementations_match_the_kernels(op, args):
+    """torch.library.opcheck: schema (no unmarked writes), fake tensor shapes, AOT dispatch."""
+    torch.library.opcheck(getattr(torch.ops.llmpipe, op), args)
+
+
+def test_the_decode_steps_fake_returns_nothing_and_leaves_shapes_alone():
+    with FakeTensorMode():
+        x, pool = torch.empty(3, 64), torch.empty(4, 2, 8, 4, 2, 16)
+        out = torch.ops.llmpipe.decode_step(
+            x, pool, torch.empty(4, 39, dtype=torch.int64), torch.empty(3, 1, 16), torch.empty(3, 1, 16),
+            torch.empty(3, dtype=torch.int64), torch.empty(3, 2, dtype=torch.int64), torch.empty(3, dtype=torch.int64),
+            [64, 4, 2, 16, 8, 4, 0], 1e-6, 0.25)
+    assert out is None and x.shape == (3, 64)
+
+
+def test_fake_outputs_have_the_kernels_shapes():
+    with FakeTensorMode():
+        y = torch.ops.llmpipe.int4_linear(*lowbit_args(5, int4=True))
+        attn = torch.ops.llmpipe.rope_write_decode_attention(*rope_args())
+    assert (y.shape, y.dtype) == ((5, N), torch.float32)
+    assert (attn.shape, attn.dtype) == ((2, 6 * 16), torch.float32)
+
+
+def refusal(op: str, *args) -> str:
+    with pytest.raises(RuntimeError) as err:
+        getattr(torch.ops.llmpipe, op)(*args)
+    return str(err.value)
+
+
+def test_a_wrong_dtype_is_refused_by_name():
+    x, codes, scale, offset, group = lowbit_args(2, int4=True)
+    assert "int4_linear: x must be Float, got Double" in refusal("int4_linear", x.double(), codes, scale, offset, group)
+    message = refusal("int8_linear", x, codes, scale, group)  # int4 codes where int8 ones belong
+    assert "int8_linear: codes must be Char, got Byte" in message
+
+
+def test_a_non_contiguous_input_is_refused_by_name():
+    x, codes, scale, offset, group = lowbit_args(2, int4=True)
+    wide = torch.cat([codes, codes], dim=1)[:, ::2]
+    assert "int4_linear: codes must be contiguous" in refusal("int4_linear", x, wide, scale, offset, group)
+    heads, *rest = rope_args()
+    strided = torch.randn(2, 16, 10).transpose(1, 2)
+    assert "rope_write_decode_attention: heads must be contiguous" in refusal(
+        "rope_write_decode_attention", strided, *rest)
+
+
+def test_shapes_the_c_code_does_not_take_are_refused():
+    x, codes, scale, offset, _ = lowbit_args(2, int4=True)
+    assert "x must have 1 to 8 rows, got 9" in refusal("int4_linear", torch.randn(9, K), codes, scale, offset, GROUP)
+    assert "multiples of 32" in refusal("int4_linear", x, codes, scale, offset, 48)
+    assert "scale must have size 48 in dimension 0" in refusal("int4_linear", x, codes, scale[:40], offset, GROUP)
+    assert "bits must be 8 or 16, got 4" in refusal("int4_linear_dot", x, codes, scale, offset, GROUP, 4)
+    assert "K must be a multiple of 16" in refusal("small_batch_linear", torch.randn(2, 24), torch.randn(8, 24))
+    a = attention_args()
+    assert "head dim must be a multiple of 8" in refusal(
+        "paged_decode_attention", torch.randn(2, 6, 12), torch.randn(2, 8, 4, 2, 12), a["block_tables"], a["lens"],
+        0.25, None)
+    assert "lens must have size 2 in dimension 0" in refusal(
+        "paged_decode_attention", torch.randn(2, 6, 16), a["kv_cache"], a["block_tables"], a["lens"][:1], 0.25, None)
+
+
+def test_the_decode_step_refuses_a_descriptor_table_of_another_layout():
+    x = torch.randn(1, 64)
+    message = refusal("decode_step", x, torch.empty(0), torch.zeros(2, 38, dtype=torch.int64), torch.randn(1, 16),
+                      torch.randn(1, 16), torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
+                      torch.ones(1, dtype=torch.int64), [64, 4, 2, 16, 8, 4, 0], 1e-6, 0.25)
+    assert "descriptors must have size 39 in dimension 1" in message
