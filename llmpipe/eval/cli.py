@@ -38,8 +38,8 @@ def add_eval_parser(sub) -> None:
     agree.set_defaults(func=cmd_agreement)
 
 
-def _engine_and_text(args: argparse.Namespace, **overrides):
-    """The engine the flags describe (with `overrides`) and the text's token ids."""
+def _engine_and_text(args: argparse.Namespace, reference: bool = False):
+    """The engine the flags describe (the reference: with float activations) and the text's token ids."""
     from llmpipe.cli import engine_kwargs
     from llmpipe.config import EngineConfig
     from llmpipe.engine.engine import LLMEngine
@@ -51,8 +51,9 @@ def _engine_and_text(args: argparse.Namespace, **overrides):
         raise InvalidRequestError(f"cannot read {args.text}: {exc}") from exc
     from llmpipe.quant.apply import quantize_prefill
 
-    engine = LLMEngine(EngineConfig.from_kwargs(model=args.model, **(engine_kwargs(args) | overrides)))
-    if args.quantized_prefill and not overrides and not quantize_prefill(engine.model):
+    options = engine_kwargs(args) | ({"activation_quantization": None} if reference else {})
+    engine = LLMEngine(EngineConfig.from_kwargs(model=args.model, **options))
+    if args.quantized_prefill and not reference and not quantize_prefill(engine.model):
         raise InvalidRequestError("--quantized-prefill needs --activation-quantization on a quantized model")
     if engine.tokenizer is None:
         raise InvalidRequestError(f"{args.model} has no tokenizer to turn the text into tokens")
@@ -75,7 +76,7 @@ def cmd_agreement(args: argparse.Namespace) -> None:
     from llmpipe.eval.agreement import AgreementResult, greedy_divergences, logit_agreement
 
     candidate, ids = _engine_and_text(args)
-    reference, _ = _engine_and_text(args, activation_quantization=None)
+    reference, _ = _engine_and_text(args, reference=True)
     correlation, top1, worst, positions = logit_agreement(candidate, reference, ids, args.context, args.windows)
     prompts = [ids[i * 64 : (i + 1) * 64] for i in range(args.prompts)]
     result = AgreementResult(correlation, top1, worst, positions,
