@@ -21,9 +21,12 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--kv-cache-dtype": dict(default="auto", choices=["auto", "int8", "int4"]),
     "--float-batch-weights": dict(action="store_true", help="also keep quantized weights as float32 for batches of "
                                   "several rows (prefill, many streams): ~2x their speed for ~4.8x the weight memory"),
-    "--activation-quantization": dict(default=None, type=lambda v: None if v == "none" else v, choices=[None, "int8", "int16"],
-                                      help="int8: quantized weights meet int8 activation blocks in integer dot "
-                                           "products (faster decode, approximate); none (default): exact"),
+    "--activation-quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
+                                      choices=["auto", None, "int8", "int16"],
+                                      help="how quantized weights meet activations: int16 / int8 blocks in integer dot "
+                                           "products (int16: exact to float32 rounding; int8: llama.cpp's, approximate), "
+                                           "none: float activations (the exact reference); auto (default): int16 where "
+                                           "the integer-dot kernels run, else none"),
     "--max-model-len": dict(type=int, default=None),
     "--kv-cache-memory": dict(default="1GiB", help="KV cache budget: bytes or a size like 512MiB, 2GiB"),
     "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),

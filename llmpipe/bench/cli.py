@@ -39,6 +39,9 @@ def add_bench_parser(sub) -> None:
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
     latency.add_argument("--peer", choices=["llama.cpp"], default=None,
                          help="also run llama.cpp's llama-bench on the same GGUF (built by `make bench-peers`)")
+    latency.add_argument("--rounds", type=int, default=1,
+                         help="run every variant (and the peer) this many times in turn: decode rates are the "
+                              "medians, TTFT the best (a noisy machine's drift then hits every variant alike)")
     latency.add_argument("--output", default="bench_results/latency.json")
     latency.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL distributions and the roofline")
     latency.set_defaults(func=_run_latency)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,19 +167,45 @@ def run(args) -> dict:
         "output_lens": args.output_lens,
         "results": [],
     }
-    variants = selected_variants(args)
-    steps = tqdm(variants + ([] if args.no_baseline else ["transformers"]), desc="bench latency", unit="variant")
-    for variant in steps:
-        if variant == "transformers":
-            steps.set_postfix_str(variant)
-            report["results"].append(bench_transformers(args, path, prompts))
-        else:
-            steps.set_postfix_str(variant.name)
-            report["results"].append(bench_variant(args, variant, prompts))
-    if args.peer == "llama.cpp":
-        report["results"].append(bench_llama_cpp(args, Path(path), report["threads"]))
+    variants = selected_variants(args) + ([] if args.no_baseline else ["transformers"])
+    rounds = max(1, getattr(args, "rounds", 1))
+    report["rounds"] = rounds
+    steps = tqdm([(r, v) for r in range(rounds) for v in variants], desc="bench latency", unit="variant")
+    per_round: list[list[dict]] = []
+    for r, variant in steps:
+        if variant == variants[0]:
+            per_round.append([])
+        steps.set_postfix_str(f"round {r + 1}: {getattr(variant, 'name', variant)}")
+        per_round[-1].append(bench_transformers(args, path, prompts) if variant == "transformers"
+                             else bench_variant(args, variant, prompts))
+        if variant == variants[-1] and args.peer == "llama.cpp":  # each round ends with the peer, so drift hits all
+            per_round[-1].append(bench_llama_cpp(args, Path(path), report["threads"]))
+    report["results"] = merge_rounds(per_round, args.output_lens)
     add_ratios(report, f32_bytes)
     return report
+
+
+def merge_rounds(per_round: list[list[dict]], output_lens: list[int]) -> list[dict]:
+    """One result per variant from rounds of the same variants: decode rates the median over rounds,
+    TTFT the best; with more than one round each result keeps its rounds' decode rates
+    (`decode_N_rounds`) and, beside a peer, the ratio to it within each round."""
+    merged = [dict(r) for r in per_round[0]]
+    if len(per_round) == 1:
+        return merged
+    peer_at = next((i for i, r in enumerate(merged) if r.get("peer")), None)
+    for i, result in enumerate(merged):
+        column = [results[i] for results in per_round]
+        if all(r.get("ttft_s") for r in column):
+            result["ttft_s"] = min(r["ttft_s"] for r in column)
+        for n in output_lens:
+            key = f"decode_{n}"
+            if all(r.get(key) for r in column):
+                rates = [r[key] for r in column]
+                result[key], result[f"{key}_rounds"] = statistics.median(rates), rates
+                if peer_at is not None and i != peer_at:
+                    result[f"{key}_vs_llama_cpp_rounds"] = [r[key] / results[peer_at][key] for r, results
+                                                            in zip(column, per_round)]
+    return merged
 
 
 def bench_llama_cpp(args, path: Path, threads: int) -> dict:
@@ -270,6 +297,13 @@ def latency_table(report: dict) -> str:
             lines.append(f"{r['variant']}: weights per rank {per_rank} MB, KV bytes per token on rank 0 {kv:,}")
     for n, ratio in report.get("kv_cache_speedup", {}).items():
         lines.append(f"KV cache vs recompute at {n} output tokens: {ratio:.1f}x")
+    for r in report["results"]:
+        for n in lens:
+            if f"decode_{n}_vs_llama_cpp_rounds" in r:
+                ratios = ", ".join(f"{x:.2f}x" for x in r[f"decode_{n}_vs_llama_cpp_rounds"])
+                lines.append(f"{r['variant']}: decode@{n} vs llama.cpp by round: {ratios}")
+    if report.get("rounds", 1) > 1:
+        lines.append(f"{report['rounds']} rounds: decode rates are medians, TTFT the best")
     lines.append("~ = estimated from timed recompute steps at evenly spaced lengths")
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ QTYPES = {
 
 def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny_gguf):
     path = str(tiny_gguf("llama_gqa", QTYPES))
-    native, dense = LLM(path, progress=False), LLM(path, dtype="float32", progress=False)
+    native, dense = LLM(path, activation_quantization=None, progress=False), LLM(path, dtype="float32", progress=False)
     layers = native.engine.model.model.layers
     assert isinstance(layers[0].self_attn.qkv_proj, Int4Linear) and layers[0].self_attn.qkv_proj.group_size == 32
     assert isinstance(layers[0].mlp.gate_up_proj, Int4Linear)

@@ -77,7 +77,7 @@ def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
 def test_quantized_model_matches_layer_by_layer(quantizable_checkpoint, quantization):
     """INT4 / INT8 weights with float activations: the same row kernels as the per-op path; a batch
     of more than MAX_ROWS sequences goes through them MAX_ROWS rows at a time, as the per-op path does."""
-    llm = LLM(str(quantizable_checkpoint), quantization=quantization, progress=False)
+    llm = LLM(str(quantizable_checkpoint), quantization=quantization, activation_quantization=None, progress=False)
     assert llm.engine.model.model.decode_step() is not None
     assert_matches_layered(llm, atol=2e-5)
     assert_matches_layered(llm, atol=2e-5, prompts=(PROMPTS * 4)[:11])  # 11 rows: a run of 8, then 3
@@ -92,7 +92,8 @@ def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_c
     layered one's bits. So both are held to the exact (float-activation) model: the fused step as
     close to it as the layered path is, and greedy tokens the same up to a near tie (margin < 0.2)."""
     path = str(quantizable_checkpoint)
-    exact_tokens, exact_dists, _ = run(LLM(path, quantization=quantization, progress=False), False, PROMPTS)
+    exact = LLM(path, quantization=quantization, activation_quantization=None, progress=False)
+    exact_tokens, exact_dists, _ = run(exact, False, PROMPTS)
     q8 = LLM(path, quantization=quantization, activation_quantization=activations, progress=False)
     fused_tokens, fused_dists, calls = run(q8, True, PROMPTS)
     _, layered_dists, _ = run(q8, False, PROMPTS)
@@ -132,8 +133,8 @@ def test_float_batch_weights_give_the_codes_results_for_big_batches(quantizable_
     from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, QuantizedLinear
 
     path = str(quantizable_checkpoint)
-    plain = LLM(path, quantization=quantization, progress=False)
-    copied = LLM(path, quantization=quantization, float_batch_weights=True, progress=False)
+    plain = LLM(path, quantization=quantization, activation_quantization=None, progress=False)
+    copied = LLM(path, quantization=quantization, activation_quantization=None, float_batch_weights=True, progress=False)
     layers = [m for m in copied.engine.model.modules() if isinstance(m, QuantizedLinear)]
     assert layers and all(m.float_weight is not None for m in layers)
     copies = sum(m.float_weight.numel() * 4 for m in layers)

@@ -30,7 +30,7 @@ def dequantized_reference(path, quantization: str, group: int) -> torch.nn.Modul
 def quantized_pair(request, tiny_checkpoint):
     name, quantization, group = request.param
     path = tiny_checkpoint(name)
-    llm = LLM(str(path), quantization=quantization, group_size=group, progress=False)
+    llm = LLM(str(path), quantization=quantization, group_size=group, activation_quantization=None, progress=False)
     return llm, dequantized_reference(path, quantization, group)
 
 
@@ -57,3 +57,22 @@ def test_quantized_weights_take_fewer_bytes(tiny_checkpoint):
     path = str(tiny_checkpoint("llama_gqa"))
     sizes = {q: LLM(path, quantization=q, group_size=32, progress=False).engine.weight_bytes for q in (None, "int8", "int4")}
     assert sizes["int4"] < sizes["int8"] < sizes[None]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_default_sixteen_bit_activations_stay_near_the_dequantized_model(tiny_checkpoint, case):
+    """The default ("auto"): 16-bit activation blocks in the integer-dot kernels wherever they run
+    (decode-sized batches: here a 6-token prompt), near the dequantized model's logits."""
+    from llmpipe.quant import kernels
+    from llmpipe.quant.linear import QuantizedLinear
+
+    if not kernels.dot_available():
+        pytest.skip("needs the integer-dot kernels")
+    name, quantization, group = case
+    path = tiny_checkpoint(name)
+    llm = LLM(str(path), quantization=quantization, group_size=group, progress=False)
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, QuantizedLinear)]
+    assert layers and all(m.activation_bits == 16 for m in layers)
+    with torch.no_grad():
+        theirs = dequantized_reference(path, quantization, group)(torch.tensor([PROMPT[:6]])).logits[0]
+    torch.testing.assert_close(llm.engine.score(PROMPT[:6]), theirs, atol=1e-3, rtol=0)

@@ -47,7 +47,7 @@ typedef struct {
 /* Per-thread buffers, sized for the widest input (K) and output slice. */
 typedef struct {
     float *xn, *y, *y2, *xsum, *dx, *tmp;
-    int8_t *qx;
+    int8_t *qx, *qp; /* qp: qx in pair order (lowbit_q8_rows.h) */
     int32_t *cg;
 } Scratch;
 
@@ -60,11 +60,12 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.dx = malloc(sizeof(float) * B * (K / BLOCK));
     s.tmp = malloc(sizeof(float) * K);
     s.qx = malloc(activation_bytes(B, K, 2));
+    s.qp = malloc(activation_bytes(B, K, 2));
     s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
     return s;
 }
 
-static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->cg); }
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
  * four-row functions on the same rows, for the same bits). */
@@ -154,13 +155,15 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
             WITH_PLANES(planes, NAME##_M1_INT8 FOR_ROWS(B, NAME##_INT8));                              \
         }                                                                                               \
     }
-/* Batch 1 on VNNI takes the four-row functions (as lowbit_dot.c's entry points do); AVX2 its one-row ones. */
-#define dot_slice_avx2_M1_INT4
-#define dot_slice_avx2_M1_INT8
+/* Batch 1 takes the four-row functions, as lowbit_dot.c's entry points do. */
+#define dot_slice_avx2_M1_INT4 \
+    if (B == 1) { M1_LOOP(int4_rows_avx2_m1, AVX2_INT4_STEP, codes, K / 2, scale, offset, G, s->y); return; }
+#define dot_slice_avx2_M1_INT8 \
+    if (B == 1) { M1_LOOP(int8_rows_avx2_m1, AVX2_INT8_STEP, codes, K, scale, (const float *)NULL, G, s->y); return; }
 #define dot_slice_vnni_M1_INT4 \
-    if (B == 1) { VNNI_M1_LOOP(int4_rows_vnni_m1, codes, K / 2, scale, offset, G, s->y); return; }
+    if (B == 1) { M1_LOOP(int4_rows_vnni_m1, VNNI_STEP, codes, K / 2, scale, offset, G, s->y); return; }
 #define dot_slice_vnni_M1_INT8 \
-    if (B == 1) { VNNI_M1_LOOP(int8_rows_vnni_m1, codes, K, scale, (const float *)NULL, G, s->y); return; }
+    if (B == 1) { M1_LOOP(int8_rows_vnni_m1, VNNI_STEP, codes, K, scale, (const float *)NULL, G, s->y); return; }
 #define dot_slice_avx2_INT4(MR) DOT_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
 #define dot_slice_avx2_INT8(MR) DOT_ROWS(int8_row_avx2, MR, K, NULL)
 #define dot_slice_vnni_INT4(MR) DOT_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
@@ -181,6 +184,11 @@ static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t
         if (w->bits && w->kind != F32) {
             const int planes = w->bits == 16 ? 2 : 1;
             quantize_rows(xm, rows, w->K, w->group, planes, s->qx, s->dx, s->xsum);
+            if (rows == 1 && w->kind == INT4 && !use_vnni()) { /* int4_rows_avx2_m1's order */
+                int8_t *natural = s->qx;
+                pair_order(natural, w->K, planes, s->qp);
+                s->qx = s->qp, s->qp = natural;
+            }
             for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);
             (use_vnni() ? dot_slice_vnni : dot_slice_avx2)(w, rows, n0, n1, s, planes);
         } else {

@@ -56,22 +56,24 @@ int has_vnni(void) { return use_vnni(); }
         WITH_PLANES(planes, FOR_ROWS(M, INT8_ROWS(ROW)));                                               \
     }
 
-/* One activation row: four weight rows at a time, each thread a run of whole fours. */
-#define DEFINE_VNNI_M1_LINEAR(NAME, WEIGHT_T, ROWS, ROW_BYTES)                                          \
-    VNNI static void NAME(const int8_t *qx, const float *dx, const float *xsum, const WEIGHT_T *codes,  \
+/* One activation row: STEP weight rows at a time, each thread a run of whole fours. */
+#define DEFINE_M1_LINEAR(NAME, ATTR, WEIGHT_T, ROWS, STEP, ROW_BYTES)                                         \
+    ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const WEIGHT_T *codes,  \
                           const float *scale, const float *offset, float *y, int64_t N, int64_t K,      \
                           int64_t group, const int32_t *cg, int planes) {                               \
         const int64_t G = num_groups(K, group);                                                         \
         _Pragma("omp parallel") {                                                                       \
             int64_t n0, n1;                                                                             \
             thread_rows(N, 4, &n0, &n1);                                                                \
-            WITH_PLANES(planes, VNNI_M1_LOOP(ROWS, codes, ROW_BYTES, scale, offset, G, (y + n0)););     \
+            WITH_PLANES(planes, M1_LOOP(ROWS, STEP, codes, ROW_BYTES, scale, offset, G, (y + n0)););     \
         }                                                                                               \
     }
-DEFINE_VNNI_M1_LINEAR(int4_dot_vnni_m1, uint8_t, int4_rows_vnni_m1, K / 2)
-DEFINE_VNNI_M1_LINEAR(int8_dot_vnni_m1, int8_t, int8_rows_vnni_m1, K)
-
 #define NO_ATTR
+DEFINE_M1_LINEAR(int4_dot_avx2_m1, NO_ATTR, uint8_t, int4_rows_avx2_m1, AVX2_INT4_STEP, K / 2)
+DEFINE_M1_LINEAR(int8_dot_avx2_m1, NO_ATTR, int8_t, int8_rows_avx2_m1, AVX2_INT8_STEP, K)
+DEFINE_M1_LINEAR(int4_dot_vnni_m1, VNNI, uint8_t, int4_rows_vnni_m1, VNNI_STEP, K / 2)
+DEFINE_M1_LINEAR(int8_dot_vnni_m1, VNNI, int8_t, int8_rows_vnni_m1, VNNI_STEP, K)
+
 DEFINE_INT4_LINEAR(int4_dot_avx2, NO_ATTR, int4_row_avx2)
 DEFINE_INT4_LINEAR(int4_dot_vnni, VNNI, int4_row_vnni)
 DEFINE_INT8_LINEAR(int8_dot_avx2, NO_ATTR, int8_row_avx2)
@@ -87,9 +89,15 @@ static void linear_dot(int int4, const float *x, const void *codes, const float 
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
     quantize_rows(x, M, K, group, planes, qx, dx, xsum);
-    if (M == 1 && vnni)
-        (int4 ? (void)int4_dot_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes)
-              : (void)int8_dot_vnni_m1(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg, planes));
+    if (M == 1 && int4 && vnni) {
+        int4_dot_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
+    } else if (M == 1 && int4) {
+        int8_t *paired = malloc(activation_bytes(M, K, planes));
+        pair_order(qx, K, planes, paired);
+        int4_dot_avx2_m1(paired, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
+        free(paired);
+    } else if (M == 1)
+        (vnni ? int8_dot_vnni_m1 : int8_dot_avx2_m1)(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg, planes);
     else if (int4)
         (vnni ? int4_dot_vnni : int4_dot_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg, planes);
     else

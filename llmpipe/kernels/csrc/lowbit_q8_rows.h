@@ -4,10 +4,12 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "simd.h"
 
 #define BLOCK 32
+#define DOT_PREFETCH_BYTES 4096 /* how far ahead in each weight row the batch-1 AVX2 rows prefetch */
 
 /* Activation rows for the integer dot, in blocks of 32 with one float scale each (dx = amax / levels,
  * code = round-half-even(x * levels / amax)):
@@ -22,28 +24,48 @@
 #define Q8_LEVELS 127
 #define Q16_LEVELS 16256 /* 127 * 128: hi never reaches -128, whose negation (INT8's sign trick) would overflow */
 
+/* 32 int32 codes (four vectors, in element order) → 32 int8 in element order (|code| <= 127: no saturation). */
+static inline __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t group, int planes, int8_t *qx, float *dx,
                           float *xsum) {
     const int64_t G = num_groups(K, group);
     const float levels = planes == 2 ? Q16_LEVELS : Q8_LEVELS;
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
     for (int64_t m = 0; m < M; m++) {
         const float *xr = x + m * K;
         for (int64_t g = 0; g < G; g++) xsum[m * G + g] = 0.0f;
         for (int64_t b = 0; b < K / BLOCK; b++) {
             const float *xb = xr + b * BLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-            const float inv = amax > 0.0f ? levels / amax : 0.0f;
+            __m256 v[4], top = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) top = _mm256_max_ps(top, _mm256_and_ps(v[i] = _mm256_loadu_ps(xb + 8 * i), magnitude));
+            __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+            t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+            const float inv = amax > 0.0f ? levels / amax : 0.0f; /* a true division, as the reference's */
             dx[m * (K / BLOCK) + b] = amax / levels;
-            int8_t *hi = qx + m * K + b * BLOCK, *lo = hi + M * K;
-            int32_t sum = 0;
-            for (int i = 0; i < BLOCK; i++) {
-                const int32_t q = (int32_t)nearbyintf(xb[i] * inv);
-                if (planes == 2) hi[i] = (int8_t)(q >> 7), lo[i] = (int8_t)(q & 127);
-                else hi[i] = (int8_t)q;
-                sum += q;
+            __m256i q[4], sum = _mm256_setzero_si256();
+            for (int i = 0; i < 4; i++) { /* x * inv rounded to nearest even (the default rounding mode) */
+                q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+                sum = _mm256_add_epi32(sum, q[i]);
             }
-            xsum[m * G + b * BLOCK / group] += dx[m * (K / BLOCK) + b] * (float)sum;
+            int8_t *hi = qx + m * K + b * BLOCK, *lo = hi + M * K;
+            if (planes == 2) {
+                __m256i h[4], l[4];
+                for (int i = 0; i < 4; i++)
+                    h[i] = _mm256_srai_epi32(q[i], 7), l[i] = _mm256_and_si256(q[i], _mm256_set1_epi32(127));
+                _mm256_storeu_si256((__m256i *)hi, pack_codes(h[0], h[1], h[2], h[3]));
+                _mm256_storeu_si256((__m256i *)lo, pack_codes(l[0], l[1], l[2], l[3]));
+            } else {
+                _mm256_storeu_si256((__m256i *)hi, pack_codes(q[0], q[1], q[2], q[3]));
+            }
+            const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+            const int32_t total = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, _MM_SHUFFLE(2, 3, 0, 1))));
+            xsum[m * G + b * BLOCK / group] += dx[m * (K / BLOCK) + b] * (float)total;
         }
     }
 }
@@ -106,6 +128,148 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum 
 
 DEFINE_ROW_AVX2(int4_row_avx2, uint8_t, BLOCK / 2, INT4_AVX2)
 DEFINE_ROW_AVX2(int8_row_avx2, int8_t, BLOCK, INT8_AVX2)
+
+/* sum_g offset[g] * xsum[g] as eight lanes (INT4's offset term for one weight row, batch 1). */
+static inline __m256 offset_terms(const float *offset, const float *xsum, int64_t G) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(offset + g), _mm256_loadu_ps(xsum + g), acc);
+    if (g < G) {
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(G - g)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        acc = _mm256_fmadd_ps(_mm256_maskload_ps(offset + g, k), _mm256_maskload_ps(xsum + g, k), acc);
+    }
+    return acc;
+}
+
+/* One activation row (batch-1 decode) against NR <= 4 weight rows at a time (rows `stride` bytes
+ * apart), AVX2: the NR rows' accumulator chains interleave and share each activation load and its
+ * block scale, where one row alone waits on its chain's FMA latency. INT4's offset term, eight groups
+ * a step. */
+#define DEFINE_ROWS_AVX2_M1(NAME, WEIGHT_T, ROW_BYTES, DOT)                                               \
+    static inline __attribute__((always_inline)) void NAME(                                              \
+        const WEIGHT_T *row, int64_t stride, const float *scale, const int8_t *qx, const float *dx,      \
+        int64_t K, int64_t group, const int32_t *cg, float *out, const int NR, const float *offset,      \
+        const float *xsum, int64_t lo, const int PL) {                                                   \
+        const int64_t B = K / BLOCK, G = num_groups(K, group);                                           \
+        __m256 acc[4][2];                                                                                \
+        for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();                        \
+        for (int64_t c = 0; c < B; c++) {                                                                \
+            const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + c * BLOCK));                    \
+            const __m256i xl = PL == 1 ? xq : _mm256_loadu_si256((const __m256i *)(qx + lo + c * BLOCK)); \
+            const __m256 d = _mm256_broadcast_ss(dx + c);                                                \
+            for (int r = 0; r < NR; r++) {                                                               \
+                /* DRAM-resident weights: the hardware prefetch alone leaves the loads waiting */      \
+                _mm_prefetch((const char *)(row + r * stride + c * (ROW_BYTES) + DOT_PREFETCH_BYTES), _MM_HINT_T0); \
+                DOT##_PREPARE(row + r * stride + c * (ROW_BYTES));                                       \
+                const __m256 k = _mm256_mul_ps(_mm256_broadcast_ss(scale + r * G + cg[c]), d);            \
+                acc[r][c & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PLANES_DOT256(DOT, xq, xl)), k, acc[r][c & 1]); \
+            }                                                                                            \
+        }                                                                                                \
+        for (int r = 0; r < NR; r++) {                                                                   \
+            __m256 sum = _mm256_add_ps(acc[r][0], acc[r][1]);                                            \
+            if (offset) sum = _mm256_add_ps(sum, offset_terms(offset + r * G, xsum, G));                 \
+            out[r] = hsum(sum);                                                                          \
+        }                                                                                                \
+    }
+
+
+/* INT4 at batch 1 on AVX2 takes the activations in pair order (pair_order): per two chunks c, c + 1,
+ * x[c][0:16] x[c+1][0:16] x[c][16:32] x[c+1][16:32], the order in which one 32-byte load of the two
+ * chunks' codes gives its low nibbles, then its high ones. So two chunks cost one load, two masks
+ * and a shift, and the two halves' byte products add as int16 (|sum| <= 4 * 15 * 127) before one
+ * widening: half the instructions of unpacking chunk by chunk, on a CPU where decode is compute-bound.
+ * An odd last chunk keeps its natural order. */
+static inline void pair_order(const int8_t *qx, int64_t K, int planes, int8_t *out) {
+    const int64_t B = K / BLOCK;
+    for (int p = 0; p < planes; p++) {
+        const int8_t *src = qx + p * K;
+        int8_t *dst = out + p * K;
+        int64_t c = 0;
+        for (; c + 2 <= B; c += 2) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(src + c * BLOCK));
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(src + (c + 1) * BLOCK));
+            _mm256_storeu_si256((__m256i *)(dst + c * BLOCK), _mm256_permute2x128_si256(a, b, 0x20));
+            _mm256_storeu_si256((__m256i *)(dst + (c + 1) * BLOCK), _mm256_permute2x128_si256(a, b, 0x31));
+        }
+        if (c < B) memcpy(dst + c * BLOCK, src + c * BLOCK, BLOCK);
+    }
+}
+
+/* Two chunks' dot of one weight row, lanes 0-3 chunk c and 4-7 chunk c + 1 (xa, xb: pair_order's halves). */
+static inline __m256i int4_pair_dot(__m256i bytes, __m256i xa, __m256i xb) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i low = _mm256_and_si256(bytes, mask), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
+    const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low, xa), _mm256_maddubs_epi16(high, xb));
+    return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+}
+
+/* As DEFINE_ROWS_AVX2_M1's rows, for INT4 with qx in pair order. */
+static inline __attribute__((always_inline)) void int4_rows_avx2_m1(
+    const uint8_t *row, int64_t stride, const float *scale, const int8_t *qx, const float *dx, int64_t K,
+    int64_t group, const int32_t *cg, float *out, const int NR, const float *offset, const float *xsum, int64_t lo,
+    const int PL) {
+    const int64_t B = K / BLOCK, G = num_groups(K, group);
+    const __m256i spread = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+    __m256 acc[4][2];
+    for (int r = 0; r < NR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t c = 0;
+    if (group == BLOCK) /* GGUF's blocks: four chunks' scales a load, times their dx in one product */
+        for (; c + 4 <= B; c += 4) {
+            const int8_t *p = qx + c * BLOCK;
+            __m256i x[2][2], l[2][2];
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 2; i++) {
+                    x[h][i] = _mm256_loadu_si256((const __m256i *)(p + (2 * h + i) * BLOCK));
+                    l[h][i] = PL == 1 ? x[h][i] : _mm256_loadu_si256((const __m256i *)(p + lo + (2 * h + i) * BLOCK));
+                }
+            const __m128 d4 = _mm_loadu_ps(dx + c);
+            for (int r = 0; r < NR; r++) {
+                const uint8_t *w = row + r * stride + c * (BLOCK / 2);
+                _mm_prefetch((const char *)(w + DOT_PREFETCH_BYTES), _MM_HINT_T0);
+                const __m256 k4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_loadu_ps(scale + r * G + c), d4));
+                for (int h = 0; h < 2; h++) {
+                    const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + h * BLOCK));
+                    __m256i d = int4_pair_dot(bytes, x[h][0], x[h][1]);
+                    if (PL == 2) d = _mm256_add_epi32(_mm256_slli_epi32(d, 7), int4_pair_dot(bytes, l[h][0], l[h][1]));
+                    const __m256 k = _mm256_permutevar8x32_ps(k4, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * h)));
+                    acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), k, acc[r][h]);
+                }
+            }
+        }
+    for (; c + 2 <= B; c += 2) {
+        const int8_t *p = qx + c * BLOCK;
+        const __m256i xa = _mm256_loadu_si256((const __m256i *)p), xb = _mm256_loadu_si256((const __m256i *)(p + BLOCK));
+        const __m256i la = PL == 1 ? xa : _mm256_loadu_si256((const __m256i *)(p + lo));
+        const __m256i lb = PL == 1 ? xb : _mm256_loadu_si256((const __m256i *)(p + lo + BLOCK));
+        const __m128 d2 = _mm_castpd_ps(_mm_load_sd((const double *)(dx + c)));
+        for (int r = 0; r < NR; r++) {
+            const uint8_t *w = row + r * stride + c * (BLOCK / 2);
+            _mm_prefetch((const char *)(w + DOT_PREFETCH_BYTES), _MM_HINT_T0);
+            const __m256i bytes = _mm256_loadu_si256((const __m256i *)w);
+            __m256i d = int4_pair_dot(bytes, xa, xb);
+            if (PL == 2) d = _mm256_add_epi32(_mm256_slli_epi32(d, 7), int4_pair_dot(bytes, la, lb));
+            const __m128 s2 = _mm_unpacklo_ps(_mm_load_ss(scale + r * G + cg[c]), _mm_load_ss(scale + r * G + cg[c + 1]));
+            const __m256 k = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(s2, d2)), spread);
+            acc[r][(c >> 1) & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), k, acc[r][(c >> 1) & 1]);
+        }
+    }
+    if (c < B) { /* the odd last chunk, in natural order */
+        const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + c * BLOCK));
+        const __m256i xl = PL == 1 ? xq : _mm256_loadu_si256((const __m256i *)(qx + lo + c * BLOCK));
+        const __m256 d = _mm256_broadcast_ss(dx + c);
+        for (int r = 0; r < NR; r++) {
+            INT4_AVX2_PREPARE(row + r * stride + c * (BLOCK / 2));
+            const __m256 k = _mm256_mul_ps(_mm256_broadcast_ss(scale + r * G + cg[c]), d);
+            acc[r][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PLANES_DOT256(INT4_AVX2, xq, xl)), k, acc[r][0]);
+        }
+    }
+    for (int r = 0; r < NR; r++) {
+        __m256 sum = _mm256_add_ps(acc[r][0], acc[r][1]);
+        if (offset) sum = _mm256_add_ps(sum, offset_terms(offset + r * G, xsum, G));
+        out[r] = hsum(sum);
+    }
+}
+DEFINE_ROWS_AVX2_M1(int8_rows_avx2_m1, int8_t, BLOCK, INT8_AVX2)
 
 /* ---- AVX512-VNNI: two chunks (64 weights) per dpbusd ------------------------------------------- */
 
@@ -251,17 +415,23 @@ DEFINE_ROW_VNNI(int8_row_vnni, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
 DEFINE_ROWS_VNNI_M1(int4_rows_vnni_m1, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
 DEFINE_ROWS_VNNI_M1(int8_rows_vnni_m1, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
 
-/* Rows n0 .. n1 - 1 into y[n - n0] for one activation row, four weight rows at a time (ROWS: a *_rows_vnni_m1). */
-#define VNNI_M1_LOOP(ROWS, codes, row_bytes, scale, offset, G, y)                                         \
+/* Rows n0 .. n1 - 1 into y[n - n0] for one activation row, STEP (1..4) weight rows at a time (ROWS: a
+ * *_rows_*_m1). Measured on AVX2 (Zen, DRAM-resident weights): INT4 gains from four rows sharing each
+ * activation load and block scale, INT8, whose chunks need no unpacking, loses (its four interleaved
+ * streams run ~1.4x slower than one), so INT8 on AVX2 goes one row at a time. */
+#define M1_LOOP(ROWS, STEP, codes, row_bytes, scale, offset, G, y)                                        \
     do {                                                                                                 \
         int64_t n = n0;                                                                                  \
-        for (; n + 4 <= n1; n += 4)                                                                      \
-            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, 4,       \
+        for (; n + (STEP) <= n1; n += (STEP))                                                            \
+            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, STEP, \
                  offset ? offset + n * G : NULL, xsum, K, PL);                                           \
         for (; n < n1; n++)                                                                              \
-            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, 1,       \
+            ROWS(codes + n * (row_bytes), row_bytes, scale + n * G, qx, dx, K, group, cg, y + n - n0, 1,  \
                  offset ? offset + n * G : NULL, xsum, K, PL);                                           \
     } while (0)
+#define AVX2_INT4_STEP 4
+#define AVX2_INT8_STEP 1
+#define VNNI_STEP 4
 
 static int use_vnni(void) {
     static int cached = -1;
