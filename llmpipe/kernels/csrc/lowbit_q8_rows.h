@@ -86,12 +86,16 @@ static inline __m256i int4_codes(const uint8_t *bytes) { /* 16 bytes → 32 code
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
 }
 
-static inline __m256i dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum of 4 products */
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+/* 8 lanes, each the sum of 4 products, times pair_weight (1; 128 for the high plane: its shift folded
+ * into the widening multiply-add). */
+static inline __m256i dot_u8s8(__m256i u, __m256i s, __m256i pair_weight) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), pair_weight);
 }
+#define ONES16 _mm256_set1_epi16(1)
+#define HIGH16 _mm256_set1_epi16(128)
 
 /* The integer dot of one chunk over PL planes: xq the high (or only) plane, xl the low one. */
-#define PLANES_DOT256(DOT, xq, xl) (PL == 1 ? DOT(xq) : _mm256_add_epi32(_mm256_slli_epi32(DOT(xq), 7), DOT(xl)))
+#define PLANES_DOT256(DOT, xq, xl) (PL == 1 ? DOT(xq, ONES16) : _mm256_add_epi32(DOT(xq, HIGH16), DOT##_LOW(xl)))
 
 /* One output row n against MR activation rows: acc[m] gathers scale * dx * dot per chunk. */
 #define DEFINE_ROW_AVX2(NAME, WEIGHT_T, ROW_BYTES, DOT)                                                   \
@@ -121,10 +125,12 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) { /* 8 lanes, each the sum 
     }
 
 #define INT4_AVX2_PREPARE(p) const __m256i w = int4_codes((const uint8_t *)(p))
-#define INT4_AVX2(xq) dot_u8s8(w, xq)
+#define INT4_AVX2(xq, k) dot_u8s8(w, xq, k)
+#define INT4_AVX2_LOW(xl) dot_u8s8(w, xl, ONES16)
 #define INT8_AVX2_PREPARE(p) const __m256i w = _mm256_loadu_si256((const __m256i *)(p)); \
     const __m256i wabs = _mm256_sign_epi8(w, w)
-#define INT8_AVX2(xq) dot_u8s8(wabs, _mm256_sign_epi8(xq, w))
+#define INT8_AVX2(xq, k) dot_u8s8(wabs, _mm256_sign_epi8(xq, w), k)
+#define INT8_AVX2_LOW(xl) dot_u8s8(xl, w, ONES16) /* the low plane is unsigned: no sign trick */
 
 DEFINE_ROW_AVX2(int4_row_avx2, uint8_t, BLOCK / 2, INT4_AVX2)
 DEFINE_ROW_AVX2(int8_row_avx2, int8_t, BLOCK, INT8_AVX2)
@@ -196,11 +202,11 @@ static inline void pair_order(const int8_t *qx, int64_t K, int planes, int8_t *o
 }
 
 /* Two chunks' dot of one weight row, lanes 0-3 chunk c and 4-7 chunk c + 1 (xa, xb: pair_order's halves). */
-static inline __m256i int4_pair_dot(__m256i bytes, __m256i xa, __m256i xb) {
+static inline __m256i int4_pair_dot(__m256i bytes, __m256i xa, __m256i xb, __m256i pair_weight) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i low = _mm256_and_si256(bytes, mask), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
     const __m256i sum16 = _mm256_add_epi16(_mm256_maddubs_epi16(low, xa), _mm256_maddubs_epi16(high, xb));
-    return _mm256_madd_epi16(sum16, _mm256_set1_epi16(1));
+    return _mm256_madd_epi16(sum16, pair_weight);
 }
 
 /* As DEFINE_ROWS_AVX2_M1's rows, for INT4 with qx in pair order. */
@@ -229,8 +235,8 @@ static inline __attribute__((always_inline)) void int4_rows_avx2_m1(
                 const __m256 k4 = _mm256_castps128_ps256(_mm_mul_ps(_mm_loadu_ps(scale + r * G + c), d4));
                 for (int h = 0; h < 2; h++) {
                     const __m256i bytes = _mm256_loadu_si256((const __m256i *)(w + h * BLOCK));
-                    __m256i d = int4_pair_dot(bytes, x[h][0], x[h][1]);
-                    if (PL == 2) d = _mm256_add_epi32(_mm256_slli_epi32(d, 7), int4_pair_dot(bytes, l[h][0], l[h][1]));
+                    __m256i d = int4_pair_dot(bytes, x[h][0], x[h][1], PL == 1 ? ONES16 : HIGH16);
+                    if (PL == 2) d = _mm256_add_epi32(d, int4_pair_dot(bytes, l[h][0], l[h][1], ONES16));
                     const __m256 k = _mm256_permutevar8x32_ps(k4, _mm256_add_epi32(spread, _mm256_set1_epi32(2 * h)));
                     acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), k, acc[r][h]);
                 }
@@ -246,8 +252,8 @@ static inline __attribute__((always_inline)) void int4_rows_avx2_m1(
             const uint8_t *w = row + r * stride + c * (BLOCK / 2);
             _mm_prefetch((const char *)(w + DOT_PREFETCH_BYTES), _MM_HINT_T0);
             const __m256i bytes = _mm256_loadu_si256((const __m256i *)w);
-            __m256i d = int4_pair_dot(bytes, xa, xb);
-            if (PL == 2) d = _mm256_add_epi32(_mm256_slli_epi32(d, 7), int4_pair_dot(bytes, la, lb));
+            __m256i d = int4_pair_dot(bytes, xa, xb, PL == 1 ? ONES16 : HIGH16);
+            if (PL == 2) d = _mm256_add_epi32(d, int4_pair_dot(bytes, la, lb, ONES16));
             const __m128 s2 = _mm_unpacklo_ps(_mm_load_ss(scale + r * G + cg[c]), _mm_load_ss(scale + r * G + cg[c + 1]));
             const __m256 k = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(s2, d2)), spread);
             acc[r][(c >> 1) & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), k, acc[r][(c >> 1) & 1]);
