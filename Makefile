@@ -52,8 +52,8 @@ bench: $(TESTENV)
 # llama-bench on the same GGUF, in one run. A benchmark extra: never part of `make test`.
 bench-peers: $(TESTENV)
 	$(VENV)/bin/llmpipe bench peers
-	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --peer llama.cpp --output-lens 128 \
-	  --variants gguf "gguf int8-act" float32 --batch-size 0 --no-baseline --output bench_results/peers.json
+	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --peer llama.cpp --output-lens 128 --rounds 3 \
+	  --variants gguf "gguf int16-act" "gguf int8-act" --batch-size 0 --no-baseline --output bench_results/peers.json
 
 # Batch-1 decode with n-gram and INT4-draft speculation vs without, on input-grounded and open-ended prompts.
 bench-spec: $(TESTENV)
