@@ -120,7 +120,11 @@ class DataParallelCoreClient:
                     self.replica_stats[replica] = step.stats
                     self._deliver(replica, step.outputs)
             except asyncio.CancelledError:
-                raise
+                if self._stopping or asyncio.current_task().cancelling():
+                    raise
+                # Serve cancelled the call, not us: it reached a replica that was shutting down (Ray's
+                # TaskCancelledError surfaces as CancelledError in async code). Follow the next one.
+                logger.warning("engine replica %d cancelled its step stream", replica)
             except Exception as err:  # noqa: BLE001 - a replica that died or restarts
                 logger.warning("engine replica %d is down: %s", replica, err)
             self._replica_down(replica)
