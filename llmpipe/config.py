@@ -113,7 +113,7 @@ class EngineConfig:
     disable_sliding_window: bool = False
     num_threads: int | None = None
     seed: int = 0
-    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps GGUF Q4_0/Q4_1/Q8_0
+    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps GGUF Q4_0/Q4_1/Q4_K/Q5_0/Q8_0
     # quantized and dequantizes everything else); "int8" / "int4" quantize at load (round-to-nearest).
     quantization: str | None = "auto"
     group_size: int = 128  # int4 group along the input dimension
@@ -186,7 +186,7 @@ class EngineConfig:
 
     @property
     def weight_quantization(self) -> str | None:
-        """"auto" keeps a GGUF's Q4_0/Q4_1/Q8_0 tensors quantized unless a float dtype was asked for."""
+        """"auto" keeps a GGUF's Q4_0/Q4_1/Q4_K/Q5_0/Q8_0 tensors quantized unless a float dtype was asked for."""
         if self.quantization == "auto":
             return "auto" if self.dtype == "auto" else None
         return self.quantization

@@ -125,7 +125,7 @@ VARIANTS = {
     "bfloat16": Variant("bfloat16", dtype="bfloat16"),
     "int8": Variant("int8", quantization="int8"),
     "int4": Variant("int4", quantization="int4"),
-    "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # Q4_0 / Q4_1 / Q8_0 kept as stored
+    "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # the GGUF's native formats kept as stored
     "gguf int8-act": Variant("gguf int8-act", dtype="auto", quantization="auto", activation_quantization="int8"),
     "gguf int16-act": Variant("gguf int16-act", dtype="auto", quantization="auto", activation_quantization="int16"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),

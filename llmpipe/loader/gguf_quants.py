@@ -52,12 +52,17 @@ def split_q4_1(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return blocks[:, :2].view(torch.float16), blocks[:, 2:4].view(torch.float16), blocks[:, 4:]
 
 
-def dequantize_q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    """Q5_0 [n, 22]: scale (f16), 32 fifth bits (uint32, bit j → weight j), 16 bytes of low nibbles;
-    value = d·(q − 16)."""
+def split_q5_0(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 [n, 22]: scale (f16), 32 fifth bits (uint32, bit j → weight j), 16 bytes of low nibbles
+    → scale float16 [n, 1], signed codes q − 16 as int8 [n, 32] (value = d·(q − 16))."""
     high = _bit_planes(blocks[:, 2:6], bits=1, planes=8).transpose(1, 2).reshape(-1, 32)
     q = unpack_nibbles(blocks[:, 6:]) | (high << 4)
-    return q.float().sub_(16).mul_(_f16(blocks, 0))
+    return blocks[:, :2].view(torch.float16), q.view(torch.int8) - 16
+
+
+def dequantize_q5_0(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_q5_0(blocks)
+    return q.float().mul_(scale.float())
 
 
 def dequantize_q8_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -86,12 +91,16 @@ def k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scales, mins
 
 
+def _k_sub_block_affine(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K: each 32-weight sub-block's scale d·scale and min dmin·min, float32 [n, 8]."""
+    scales, mins = k_scales_mins(blocks[:, 4:16])
+    return _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float()
+
+
 def _k_affine(blocks: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Q4_K/Q5_K: weight = d·scale·q − dmin·min per 32-weight sub-block; q is [n, 8, 32]."""
-    scales, mins = k_scales_mins(blocks[:, 4:16])
-    d = (_f16(blocks, 0) * scales.float()).unsqueeze(-1)
-    dm = (_f16(blocks, 2) * mins.float()).unsqueeze(-1)
-    return q.float().mul_(d).sub_(dm).reshape(-1, QK_K)
+    d, dm = _k_sub_block_affine(blocks)
+    return q.float().mul_(d.unsqueeze(-1)).sub_(dm.unsqueeze(-1)).reshape(-1, QK_K)
 
 
 def _k_low_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -102,6 +111,13 @@ def _k_low_nibbles(packed: torch.Tensor) -> torch.Tensor:
 def dequantize_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     """Q4_K [n, 144]: d, dmin (f16), 12 bytes of scales/mins, 128 bytes of nibbles."""
     return _k_affine(blocks, _k_low_nibbles(blocks[:, 16:]))
+
+
+def split_q4_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K [n, 144] → per 32-weight sub-block scale and offset float32 [n, 8] (offset = −dmin·min),
+    codes 0..15 uint8 [n, 256] in weight order: value = scale·q + offset, as dequantize_q4_k's."""
+    d, dm = _k_sub_block_affine(blocks)
+    return d, dm.neg_(), _k_low_nibbles(blocks[:, 16:]).reshape(-1, QK_K)
 
 
 def dequantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:

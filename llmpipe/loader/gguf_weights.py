@@ -12,13 +12,18 @@ from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q8_0, unpack_nibbles
+from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q4_k, split_q5_0,
+                                        split_q8_0, unpack_nibbles)
 from llmpipe.quant.formats import Int4Weight, Int8Weight
 
-GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q8_0 block
+GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 block and per Q4_K sub-block
+# The ggml types that are llmpipe weight formats exactly (read_quantized): the kernels run them on
+# their codes. Q5_0's 5-bit codes ride in int8 (1.06 bytes a weight where the file has 0.69).
 NATIVE_FORMATS = {
     GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
+    GGMLQuantizationType.Q4_K: ("int4", GGML_BLOCK),
+    GGMLQuantizationType.Q5_0: ("int8", GGML_BLOCK),
     GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
 }
 
@@ -66,22 +71,8 @@ class GGUFWeights:
         return NATIVE_FORMATS.get(self._tensors[name].tensor_type)
 
     def read_quantized(self, name: str) -> Int4Weight | Int8Weight:
-        """A Q4_0 / Q4_1 / Q8_0 tensor in llmpipe's formats, exactly: Q4_1's (d, m) are (scale,
-        offset); Q4_0's d·(q − 8) is scale d, offset −8d; Q8_0's d·q is int8 with group-32 scales."""
-        qtype, rows = self.raw_blocks(name)
-        out = rows.shape[0]
-        blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
-        if qtype == GGMLQuantizationType.Q8_0:
-            scale, q = split_q8_0(blocks)
-            return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)
-        if qtype == GGMLQuantizationType.Q4_1:
-            scale, offset, packed = split_q4_1(blocks)
-            offset = offset.float()
-        else:
-            scale, packed = split_q4_0(blocks)
-            offset = scale.float() * -8
-        q = unpack_nibbles(packed).reshape(out, -1)
-        return Int4Weight(q, scale.float().reshape(out, -1), offset.reshape(out, -1), GGML_BLOCK)
+        """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`)."""
+        return native_weight(*self.raw_blocks(name))
 
     def raw_blocks(self, name: str) -> tuple[GGMLQuantizationType, torch.Tensor]:
         """(type, data) without dequantizing: for block types, uint8 [rows, bytes per row]."""
@@ -91,3 +82,25 @@ class GGUFWeights:
     def _unpermute(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         heads = self._heads.get(name)
         return rows if heads is None else unpermute_rows(rows, heads)
+
+
+def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> Int4Weight | Int8Weight:
+    """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
+    ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
+    Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q and Q5_0's
+    d·(q − 16) are int8 with group-32 scales."""
+    out = rows.shape[0]
+    blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    if qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0):
+        scale, q = (split_q8_0 if qtype == GGMLQuantizationType.Q8_0 else split_q5_0)(blocks)
+        return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)
+    if qtype == GGMLQuantizationType.Q4_K:
+        scale, offset, q = split_q4_k(blocks)
+    elif qtype == GGMLQuantizationType.Q4_1:
+        scale, offset, packed = split_q4_1(blocks)
+        scale, offset, q = scale.float(), offset.float(), unpack_nibbles(packed)
+    else:
+        scale, packed = split_q4_0(blocks)
+        scale, q = scale.float(), unpack_nibbles(packed)
+        offset = scale * -8
+    return Int4Weight(q.reshape(out, -1), scale.reshape(out, -1), offset.reshape(out, -1), GGML_BLOCK)

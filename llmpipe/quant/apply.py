@@ -2,7 +2,7 @@
 
 A plan maps checkpoint tensor names to formats: ("int8", None) or ("int4", group_size). Runtime
 round-to-nearest puts every linear weight in one format; a GGUF in "auto" mode keeps each
-Q4_0 / Q4_1 / Q8_0 tensor (and a GPTQ / AWQ directory each quantized tensor) in the format it
+Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 tensor (and a GPTQ / AWQ directory each quantized tensor) in the format it
 already is.
 """
 

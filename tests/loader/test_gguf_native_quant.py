@@ -1,13 +1,19 @@
-"""GGUF Q4_0 / Q4_1 / Q8_0 weights kept quantized: the same model as the dequantized float one."""
+"""GGUF Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 weights kept quantized: ggml's weights exactly, and the same model
+as the dequantized float one."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
 from llmpipe import LLM, SamplingParams
+from llmpipe.loader.gguf_weights import NATIVE_FORMATS, native_weight
+from llmpipe.quant.formats import Int4Weight, Int8Weight
 from llmpipe.quant.linear import Int4Linear, Int8Linear
+from tests.loader.test_gguf_quants import K_QUANT_SCALE_OFFSETS, random_blocks, random_weights
 from tests.models.test_llama_parity import PROMPT
 
 QTYPES = {
@@ -16,10 +22,21 @@ QTYPES = {
     "model.layers.0.self_attn.v_proj.weight": Q.Q4_1,
     "model.layers.0.mlp.gate_proj.weight": Q.Q4_0,
     "model.layers.0.mlp.up_proj.weight": Q.Q4_0,
+    "model.layers.0.self_attn.o_proj.weight": Q.Q5_0,
     "model.layers.1.self_attn.q_proj.weight": Q.Q4_1,  # k and v float: the stacked qkv stays float
     "model.layers.1.self_attn.o_proj.weight": Q.Q8_0,
     "lm_head.weight": Q.Q8_0,
 }
+
+
+@pytest.mark.parametrize("qtype", list(NATIVE_FORMATS), ids=lambda q: q.name)
+def test_a_native_weight_dequantizes_to_ggmls_weights_bit_for_bit(qtype):
+    raw = random_blocks(qtype) if qtype in K_QUANT_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
+    weight = native_weight(qtype, torch.from_numpy(raw))
+    kind, group = NATIVE_FORMATS[qtype]
+    assert isinstance(weight, Int4Weight if kind == "int4" else Int8Weight) and weight.group_size == group
+    expected = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32))
+    assert torch.equal(weight.dequantize(), expected)
 
 
 def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny_gguf):
@@ -28,6 +45,7 @@ def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny
     layers = native.engine.model.model.layers
     assert isinstance(layers[0].self_attn.qkv_proj, Int4Linear) and layers[0].self_attn.qkv_proj.group_size == 32
     assert isinstance(layers[0].mlp.gate_up_proj, Int4Linear)
+    assert isinstance(layers[0].self_attn.o_proj, Int8Linear) and layers[0].self_attn.o_proj.group_size == 32  # Q5_0
     assert isinstance(layers[1].self_attn.o_proj, Int8Linear) and layers[1].self_attn.o_proj.group_size == 32
     assert isinstance(native.engine.model.lm_head, Int8Linear)
     assert not isinstance(layers[1].mlp.down_proj, (Int4Linear, Int8Linear))  # float in the file: stays float
