@@ -121,9 +121,17 @@ def test_shapes_the_c_code_does_not_take_are_refused():
         "paged_decode_attention", torch.randn(2, 6, 16), a["kv_cache"], a["block_tables"], a["lens"][:1], 0.25, None)
 
 
-def test_the_decode_step_refuses_a_descriptor_table_of_another_layout():
-    x = torch.randn(1, 64)
-    message = refusal("decode_step", x, torch.empty(0), torch.zeros(2, 38, dtype=torch.int64), torch.randn(1, 16),
-                      torch.randn(1, 16), torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
-                      torch.ones(1, dtype=torch.int64), [64, 4, 2, 16, 8, 4, 0], 1e-6, 0.25)
-    assert "descriptors must have size 39 in dimension 1" in message
+def test_the_decode_step_refuses_a_descriptor_table_of_another_layout_or_out_of_range_indices():
+    from llmpipe.models.llama.decode_step import TABLE_WORD
+
+    def step(descriptors: torch.Tensor) -> str:
+        return refusal("decode_step", torch.randn(1, 64), torch.empty(0), descriptors, torch.randn(1, 1, 16),
+                       torch.randn(1, 1, 16), torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, 1, dtype=torch.int64),
+                       torch.ones(1, 1, dtype=torch.int64), [64, 4, 2, 16, 8, 4], 1e-6, 0.25)
+
+    assert "descriptors must have size 47 in dimension 1" in step(torch.zeros(2, 39, dtype=torch.int64))
+    words = torch.zeros(2, 47, dtype=torch.int64)
+    words[1, TABLE_WORD] = 1  # a second block-table set, where one was passed
+    assert "layer 1 names RoPE table 0 of 1 and block-table set 1 of 1" in step(words)
+    words[1, TABLE_WORD], words[0, TABLE_WORD - 2] = 0, 2  # RoPE table 2 of 1
+    assert "layer 0 names RoPE table 2 of 1" in step(words)

@@ -1,13 +1,15 @@
-"""The whole-stack decode kernel (models/llama_decode_step.py) against the layer-by-layer path it
+"""The whole-stack decode kernel (models/llama/decode_step.py) against the layer-by-layer path it
 replaces, on tiny random checkpoints: float weights, INT4 and INT8 weights, float and int8
-activations, batches of several sequences, a sliding window, qkv bias, GQA / MHA / MQA."""
+activations, batches of several sequences, a sliding window, qkv bias, GQA / MHA / MQA, Qwen 3's q/k
+norms, and Gemma 3 (four (1 + weight) norms a layer, q/k norms, GELU-tanh, local and global layers with
+their own RoPE bases, windows and block tables)."""
 
 import pytest
 import torch
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.models.llama.decode_step import LlamaDecodeStep
-from tests.conftest import build_checkpoint
+from tests.conftest import TINY_CONFIGS, build_checkpoint
 
 PROMPTS = [
     {"prompt_token_ids": [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150]},
@@ -15,12 +17,16 @@ PROMPTS = [
     {"prompt_token_ids": [1, 9, 8, 7, 6, 5, 4, 3, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]},
 ]
 # Every width a multiple of 32, so INT4 / INT8 layers run their kernels unpadded (as real checkpoints do).
-QUANTIZABLE = ("LlamaConfig", dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2))
+WIDTHS = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+QUANTIZABLE = {
+    "llama": ("LlamaConfig", WIDTHS),
+    "gemma3": ("Gemma3TextConfig", TINY_CONFIGS["gemma3"][1] | WIDTHS),
+}
 
 
-@pytest.fixture(scope="module")
-def quantizable_checkpoint(tmp_path_factory):
-    return build_checkpoint(*QUANTIZABLE, tmp_path_factory.mktemp("tiny_llama_q"))
+@pytest.fixture(scope="module", params=list(QUANTIZABLE))
+def quantizable_checkpoint(request, tmp_path_factory):
+    return build_checkpoint(*QUANTIZABLE[request.param], tmp_path_factory.mktemp(f"tiny_{request.param}_q"))
 
 
 def run(llm: LLM, fused: bool, prompts: list[dict], steps: int = 24):
@@ -64,7 +70,8 @@ def assert_matches_layered(llm: LLM, atol: float, prompts=PROMPTS, near_tie: flo
         torch.testing.assert_close(ours_dist[: same + 1], theirs_dist[: same + 1], atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "llama_mha", "llama_mqa", "llama3_rope", "mistral_window", "qwen2"])
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mha", "llama_mqa", "llama3_rope", "mistral_window", "qwen2", "qwen3",
+                                  "gemma3"])
 def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
     """Float32 weights: the same math as the per-op path, to float32 rounding; alone and batched."""
     llm = LLM(str(tiny_checkpoint(name)), progress=False)
@@ -108,11 +115,7 @@ def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_c
         assert fused_error <= 2 * layered_error + 1e-3, (fused_error, layered_error)
 
 
-def test_other_bodies_and_caches_keep_the_layered_path(tiny_checkpoint):
-    qwen3 = LLM(str(tiny_checkpoint("qwen3")), progress=False)  # q/k norms: not in the kernel
-    assert qwen3.engine.model.model.decode_step() is None
-    gemma = LLM(str(tiny_checkpoint("gemma3")), progress=False)  # another body
-    assert not hasattr(gemma.engine.model.model, "decode_step") or gemma.engine.model.model.decode_step() is None
+def test_quantized_caches_keep_the_layered_path(tiny_checkpoint):
     quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int8", progress=False)
     step = quantized_cache.engine.model.model.decode_step()
     assert not step.takes(1, quantized_cache.engine.runner.kv_cache.layers)

@@ -1,22 +1,29 @@
-/* A Llama-family decode step in one call: every layer of a decode-only batch (up to MAX_BATCH rows),
- * inside one OpenMP parallel region, the threads meeting at a barrier between the stages of a layer:
+/* A decode step of a Llama-family body (Llama, Mistral, Qwen 3, Gemma 3) in one call: every layer of a
+ * decode-only batch (up to MAX_BATCH rows), inside one OpenMP parallel region, the threads meeting at a
+ * barrier between the stages of a layer:
  *
- *   RMSNorm → qkv → RoPE + K/V write → attention → o (+ residual) → RMSNorm → gate/up → SiLU · up → down (+ residual)
+ *   RMSNorm → qkv → [q/k RMSNorm] → RoPE + K/V write → attention → o → [RMSNorm] (+ residual)
+ *   → RMSNorm → gate/up → act(gate) · up → down → [RMSNorm] (+ residual)
  *
- * At batch 1 the model is a few hundred small matrix-vector products; run one kernel call (and one
- * thread fork/join) each, the calls and the Python between them cost more than the weights take to
- * stream. Here each thread owns a fixed slice of every weight's output rows, so it streams the same
- * bytes every step, and the per-op dispatch is gone. The arithmetic is the per-op kernels' own (the
- * same row functions, the same row split into pairs), so each linear's result is theirs bit for bit.
+ * (bracketed: where the layer has them — Qwen 3's q/k norms, Gemma 3's q/k norms and output norms;
+ * act SiLU or GELU-tanh). At batch 1 the model is a few hundred small matrix-vector products; run one
+ * kernel call (and one thread fork/join) each, the calls and the Python between them cost more than the
+ * weights take to stream. Here each thread owns a fixed slice of every weight's output rows, so it
+ * streams the same bytes every step, and the per-op dispatch is gone. The arithmetic is the per-op
+ * kernels' own (the same row functions, the same row split into pairs), so each linear's result is
+ * theirs bit for bit.
  *
  * Weights, per linear (LinearDesc, as layers/decode_step.py lays it out):
  *   F32:  float [N, K]
  *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
  *   INT8: codes [N, K], scale [N, G]
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
- * lowbit_dot.c), 0 the float-activation (exact) path.
- * x [B, hidden] is the residual stream, updated in place. cos / sin [B, D]; the cache of each layer
- * [2, num_blocks, block_size, KVH, D]; slots [B], tables [B, W], lens [B]: paged_attention.c's.
+ * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
+ * (Gemma's 1 + weight, precomputed).
+ * x [B, hidden] is the residual stream, updated in place. cos / sin [R, B, D]: R RoPE tables (Gemma 3:
+ * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D];
+ * slots [S, B], tables [S, B, W], lens [S, B]: paged_attention.c's, for S caches of their own block
+ * tables (Gemma 3's window groups), each layer naming its own.
  */
 #include <math.h>
 #include <omp.h>
@@ -38,9 +45,17 @@ typedef struct {
     int64_t N, K, group;
 } LinearDesc;
 
+enum { SILU = 0, GELU_TANH = 1 };
+
 typedef struct {
-    const float *input_norm, *post_norm;
+    const float *input_norm, *post_norm; /* before attention, before the MLP */
     LinearDesc qkv, o, gate_up, down;
+    const float *q_norm, *k_norm;              /* each q / k head's, before RoPE (NULL: none) */
+    const float *attn_out_norm, *mlp_out_norm; /* the attention's / MLP's output, before its residual add (NULL: none) */
+    int64_t act;    /* SILU or GELU_TANH */
+    int64_t rope;   /* which of the R cos / sin tables */
+    int64_t window; /* sliding window (0: none) */
+    int64_t table;  /* which of the S block-table sets */
     float *kv_cache;
 } LayerDesc;
 
@@ -82,6 +97,23 @@ static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B,
         }
         const float rstd = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
         for (int64_t k = 0; k < K; k++) out[m * K + k] = xr[k] * rstd * w[k];
+    }
+}
+
+/* x[m, c] += rms_norm(out[m])[c] * w[c] for this thread's columns (each thread takes the row's rms itself):
+ * the residual add of a normed output, as x + norm(out) computes it. */
+static void add_normed(float *x, const float *out, const float *w, int64_t B, int64_t hidden, float eps) {
+    int64_t c0, c1;
+    thread_rows(hidden, 8, &c0, &c1);
+    for (int64_t m = 0; m < B; m++) {
+        const float *row = out + m * hidden;
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t k = 0; k < hidden; k += 8) {
+            __m256 v = _mm256_loadu_ps(row + k);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        const float rstd = 1.0f / sqrtf(hsum(acc) / (float)hidden + eps);
+        for (int64_t c = c0; c < c1; c++) x[m * hidden + c] += row[c] * rstd * w[c];
     }
 }
 
@@ -213,9 +245,15 @@ static void linear_into(const LinearDesc *w, const float *x, int64_t B, float *d
         }
 }
 
-/* act[m, n] = silu(gate[m, n]) * up[m, n], gate and up the two halves of gate_up's rows: each thread
- * computes the same slice of both, so the product needs no barrier. */
-static void gate_up_silu(const LinearDesc *w, const float *x, int64_t B, float *act, Scratch *s) {
+/* GELU with the tanh approximation, as PyTorch writes it (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))). */
+static inline float gelu_tanh(float x) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+    return 0.5f * x * (1.0f + tanhf(beta * (x + kappa * x * x * x)));
+}
+
+/* act[m, n] = f(gate[m, n]) * up[m, n] (f: SiLU or GELU-tanh), gate and up the two halves of gate_up's
+ * rows: each thread computes the same slice of both, so the product needs no barrier. */
+static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64_t B, float *act, Scratch *s) {
     const int64_t I = w->N / 2;
     int64_t n0, n1;
     row_range(I, &n0, &n1);
@@ -228,12 +266,44 @@ static void gate_up_silu(const LinearDesc *w, const float *x, int64_t B, float *
     for (int64_t m = 0; m < B; m++)
         for (int64_t n = 0; n < width; n++) {
             const float g = gate[m * width + n], u = s->y[m * width + n];
-            act[m * I + n0 + n] = g / (1.0f + expf(-g)) * u;
+            act[m * I + n0 + n] = (kind == GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g))) * u;
         }
 }
 
+/* The layer's q and k heads of qkv, in place: normed where it has q/k norms, then rotated; K and V to the cache. */
+static void rope_heads(const LayerDesc *layer, float *qkv, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t width,
+                       const float *cos, const float *sin, const int64_t *slots, float *cache, float *values,
+                       int64_t token_stride, float eps, Scratch *s) {
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < B * (H + KVH); task++) {
+        const int64_t b = task / (H + KVH), h = task % (H + KVH);
+        float *head = qkv + b * width + h * D;
+        const float *norm = h < H ? layer->q_norm : layer->k_norm;
+        if (norm) rms_norm_rows(head, norm, head, 1, D, eps);
+        rotate_half(head, cos + b * D, sin + b * D, D, s->tmp);
+        if (h >= H) {
+            const int64_t kvh = h - H, at = slots[b] * token_stride + kvh * D;
+            memcpy(cache + at, head, sizeof(float) * D);
+            memcpy(values + at, qkv + b * width + (H + KVH + kvh) * D, sizeof(float) * D);
+        }
+    }
+}
+
+/* The residual add of a linear's output: straight into x, or through its output norm (after a barrier:
+ * the norm needs every thread's slice of the row). */
+static void add_output(const LinearDesc *w, const float *norm, const float *in, int64_t B, float *x, int64_t hidden,
+                       float *out, float eps, Scratch *s) {
+    if (!norm) {
+        linear_into(w, in, B, x, hidden, 1, s);
+        return;
+    }
+    linear_into(w, in, B, out, hidden, 0, s);
+#pragma omp barrier
+    add_normed(x, out, norm, B, hidden, eps);
+}
+
 void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H,
-                 int64_t KVH, int64_t D, float eps, float scale, int64_t window, const float *cos, const float *sin,
+                 int64_t KVH, int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                  int64_t num_blocks, int64_t block_size) {
     const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2, group = H / KVH;
@@ -242,46 +312,39 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
     widest = widest > H * D ? widest : H * D;
     const int64_t slice = widest > width ? widest : width;
     float *qkv = malloc(sizeof(float) * B * width), *attn = malloc(sizeof(float) * B * H * D);
-    float *act = malloc(sizeof(float) * B * I);
+    float *act = malloc(sizeof(float) * B * I), *out = malloc(sizeof(float) * B * hidden);
 #pragma omp parallel
     {
         Scratch s = scratch_new(B, widest, slice);
         for (int64_t l = 0; l < num_layers; l++) {
             const LayerDesc *layer = layers + l;
             float *cache = layer->kv_cache, *values = cache + num_blocks * block_stride;
+            const int64_t *layer_slots = slots + layer->table * B, *layer_lens = lens + layer->table * B;
+            const int64_t *layer_tables = tables + layer->table * B * table_width, window = layer->window;
             rms_norm_rows(x, layer->input_norm, s.xn, B, hidden, eps); /* every thread its own copy: no barrier */
             linear_into(&layer->qkv, s.xn, B, qkv, width, 0, &s);
 #pragma omp barrier
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < B * (H + KVH); task++) { /* RoPE on q and k heads; K/V to the cache */
-                const int64_t b = task / (H + KVH), h = task % (H + KVH);
-                float *head = qkv + b * width + h * D;
-                rotate_half(head, cos + b * D, sin + b * D, D, s.tmp);
-                if (h >= H) {
-                    const int64_t kvh = h - H, at = slots[b] * token_stride + kvh * D;
-                    memcpy(cache + at, head, sizeof(float) * D);
-                    memcpy(values + at, qkv + b * width + (H + KVH + kvh) * D, sizeof(float) * D);
-                }
-            }
+            rope_heads(layer, qkv, B, H, KVH, D, width, cos + layer->rope * B * D, sin + layer->rope * B * D,
+                       layer_slots, cache, values, token_stride, eps, &s);
 #pragma omp for schedule(static)
             for (int64_t task = 0; task < B * KVH; task++) {
-                const int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
+                const int64_t b = task / KVH, kvh = task % KVH, len = layer_lens[b];
                 const int64_t first = window > 0 && len > window ? len - window : 0, L = len - first;
                 float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
-                attend(qkv + b * width + kvh * group * D, cache + kvh * D, values + kvh * D, tables + b * table_width,
-                       first, L, group, block_size, token_stride, block_stride, D, scale, p,
-                       attn + (b * H + kvh * group) * D);
+                attend(qkv + b * width + kvh * group * D, cache + kvh * D, values + kvh * D,
+                       layer_tables + b * table_width, first, L, group, block_size, token_stride, block_stride, D,
+                       scale, p, attn + (b * H + kvh * group) * D);
                 free(p);
             }
-            linear_into(&layer->o, attn, B, x, hidden, 1, &s);
+            add_output(&layer->o, layer->attn_out_norm, attn, B, x, hidden, out, eps, &s);
 #pragma omp barrier
             rms_norm_rows(x, layer->post_norm, s.xn, B, hidden, eps);
-            gate_up_silu(&layer->gate_up, s.xn, B, act, &s);
+            gate_up_act(&layer->gate_up, layer->act, s.xn, B, act, &s);
 #pragma omp barrier
-            linear_into(&layer->down, act, B, x, hidden, 1, &s);
+            add_output(&layer->down, layer->mlp_out_norm, act, B, x, hidden, out, eps, &s);
 #pragma omp barrier
         }
         scratch_free(&s);
     }
-    free(qkv), free(attn), free(act);
+    free(qkv), free(attn), free(act), free(out);
 }

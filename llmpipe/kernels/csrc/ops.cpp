@@ -38,7 +38,7 @@ void rope_write_decode_attention(float *qkv, const float *cos, const float *sin,
                                  float scale, int64_t window);
 // decode_step.c (layers: LayerDesc[num_layers], int64 words as layers/decode_step.py lays them out)
 void decode_step(float *x, const void *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H, int64_t KVH,
-                 int64_t D, float eps, float scale, int64_t window, const float *cos, const float *sin,
+                 int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                  int64_t num_blocks, int64_t block_size);
 }
@@ -48,7 +48,9 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
 constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
-constexpr int64_t LAYER_WORDS = 2 + 4 * 9 + 1;  // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, the cache
+// decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
+constexpr int64_t LAYER_WORDS = 2 + 4 * 9 + 4 + 4 + 1;
+constexpr int64_t LAYER_ROPE_WORD = 43, LAYER_TABLE_WORD = 45;
 
 constexpr int64_t ANY_RANK = -1;
 
@@ -231,14 +233,15 @@ at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor
 }
 
 // x [B, hidden] updated in place; kv_pool is written through the cache addresses in `descriptors`
-// [layers, LAYER_WORDS] (passed so that the schema says so). sizes: hidden, heads, KV heads, head dim,
-// blocks, block size, window (0: none).
+// [layers, LAYER_WORDS] (passed so that the schema says so). cos, sin [R, B, head dim]; slots [S, B],
+// tables [S, B, W], lens [S, B]: each layer names its RoPE table and its block-table set. sizes: hidden,
+// heads, KV heads, head dim, blocks, block size.
 void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tensor &descriptors,
                  const at::Tensor &cos, const at::Tensor &sin, const at::Tensor &slots, const at::Tensor &tables,
                  const at::Tensor &lens, at::IntArrayRef sizes, double eps, double scale) {
     const char *op = "decode_step";
-    TORCH_CHECK(sizes.size() == 7, op, ": sizes must be [hidden, heads, KV heads, head dim, blocks, block size, "
-                "window], got ", sizes);
+    TORCH_CHECK(sizes.size() == 6, op, ": sizes must be [hidden, heads, KV heads, head dim, blocks, block size], got ",
+                sizes);
     const int64_t hidden = sizes[0], heads = sizes[1], kv_heads = sizes[2], head_dim = sizes[3];
     check(op, "x", x, at::kFloat, 2);
     const int64_t batch = x.size(0);
@@ -253,16 +256,27 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tenso
     check(op, "descriptors", descriptors, at::kLong, 2);
     TORCH_CHECK(descriptors.size(0) >= 1, op, ": descriptors must describe at least one layer");
     check_size(op, "descriptors", descriptors, 1, LAYER_WORDS);
-    check_rotary(op, "cos", cos, batch, head_dim);
-    check_rotary(op, "sin", sin, batch, head_dim);
-    check(op, "slots", slots, at::kLong, 1);
-    check_size(op, "slots", slots, 0, batch);
-    check_tables(op, tables, lens, batch);
-    kernels::decode_step(x.mutable_data_ptr<float>(), descriptors.const_data_ptr<int64_t>(), descriptors.size(0), batch,
-                         hidden, heads, kv_heads, head_dim, static_cast<float>(eps), static_cast<float>(scale),
-                         sizes[6], cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
-                         slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(), tables.size(1),
-                         lens.const_data_ptr<int64_t>(), sizes[4], sizes[5]);
+    check(op, "cos", cos, at::kFloat, 3);
+    check(op, "sin", sin, at::kFloat, 3);
+    TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == batch && cos.size(2) == head_dim, op,
+                ": cos and sin must be [tables, ", batch, ", ", head_dim, "], got ", cos.sizes(), " and ", sin.sizes());
+    check(op, "slots", slots, at::kLong, 2);
+    check(op, "block_tables", tables, at::kLong, 3);
+    check(op, "lens", lens, at::kLong, 2);
+    const int64_t sets = slots.size(0);
+    TORCH_CHECK(slots.size(1) == batch && tables.size(0) == sets && tables.size(1) == batch && lens.size(0) == sets &&
+                lens.size(1) == batch, op, ": slots [S, B], block_tables [S, B, W] and lens [S, B] must agree, got ",
+                slots.sizes(), ", ", tables.sizes(), ", ", lens.sizes(), " for B = ", batch);
+    const int64_t *words = descriptors.const_data_ptr<int64_t>();
+    for (int64_t l = 0; l < descriptors.size(0); l++) {
+        const int64_t rope = words[l * LAYER_WORDS + LAYER_ROPE_WORD], set = words[l * LAYER_WORDS + LAYER_TABLE_WORD];
+        TORCH_CHECK(rope >= 0 && rope < cos.size(0) && set >= 0 && set < sets, op, ": layer ", l, " names RoPE table ",
+                    rope, " of ", cos.size(0), " and block-table set ", set, " of ", sets);
+    }
+    kernels::decode_step(x.mutable_data_ptr<float>(), words, descriptors.size(0), batch, hidden, heads, kv_heads,
+                         head_dim, static_cast<float>(eps), static_cast<float>(scale), cos.const_data_ptr<float>(),
+                         sin.const_data_ptr<float>(), slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(),
+                         tables.size(2), lens.const_data_ptr<int64_t>(), sizes[4], sizes[5]);
 }
 
 }  // namespace

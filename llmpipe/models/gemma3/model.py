@@ -16,6 +16,7 @@ from llmpipe.config import ModelConfig
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding
+from llmpipe.models.llama.decode_step import FusedDecodeBody
 from llmpipe.models.llama.model import LlamaAttention, LlamaForCausalLM, LlamaMLP, Rope
 
 
@@ -43,8 +44,12 @@ class Gemma3DecoderLayer(nn.Module):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, kv_cache, meta))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
+    def decode_step_norms(self) -> tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm]:
+        """For the fused step: the norms before attention and before the MLP, then on their outputs."""
+        return self.input_layernorm, self.pre_feedforward_layernorm, self.post_attention_layernorm, self.post_feedforward_layernorm
 
-class Gemma3Model(nn.Module):
+
+class Gemma3Model(FusedDecodeBody, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))  # no init: see llama.py
@@ -55,12 +60,16 @@ class Gemma3Model(nn.Module):
         self.rotary = RotaryEmbedding(cfg.head_dim, max_len, cfg.rope_theta, cfg.rope_scaling)  # global layers
         local_theta = cfg.rope_local_theta or cfg.rope_theta
         self.rotary_local = RotaryEmbedding(cfg.head_dim, max_len, local_theta, None)
+        self.config = cfg
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], metas: list[AttentionMetadata]) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         # √hidden rounded to the activation dtype first, as transformers does (55.5, not 55.43, in bf16).
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         ropes = (self.rotary.tables(positions, x.dtype), self.rotary_local.tables(positions, x.dtype))
+        fused = self.fused_layers(x, list(ropes), kv_caches, metas)
+        if fused is not None:
+            return self.norm(fused)
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, ropes[layer.is_local], kv_cache, meta)
         return self.norm(x)

@@ -1,5 +1,5 @@
 """A Llama-family decode step in one C call (kernels/csrc/decode_step.c), the torch op `llmpipe::decode_step`
-(kernels/csrc/ops.cpp).
+(kernels/csrc/ops.cpp): Llama, Mistral, Qwen 2/3 and Gemma 3 bodies.
 
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or kernel op call each, with Python between them, the calls cost more
@@ -7,8 +7,10 @@ than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The 
 layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the embedding, the final
 norm and the LM head stay in PyTorch (one call each).
 
-Each linear keeps its own numerics: float activations into the exact low-bit row kernels (bit for
-bit the per-op kernels' results), or 8- or 16-bit activation blocks where the layer has
+A decoder layer says which of its norms sit where (`decode_step_norms`: Llama's two, Gemma's four);
+q/k norms, the activation, each layer's RoPE table, window and cache group come from the layer and
+the step's metadata. Each linear keeps its own numerics: float activations into the exact low-bit row
+kernels (bit for bit the per-op kernels' results), or 8- or 16-bit activation blocks where the layer has
 `activation_bits` set. The layer-by-layer path stays for everything else — prefill, mixed batches, other caches,
 other families — and is what this step is tested against.
 """
@@ -16,6 +18,7 @@ other families — and is what this step is tested against.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from llmpipe.config import ModelConfig
@@ -32,6 +35,8 @@ MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MA
 MAX_BATCH = KERNEL_MAX_BATCH
 F32, INT4, INT8 = 0, 1, 2
 LINEAR_SLOTS = 9  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group
+ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}  # csrc SILU, GELU_TANH
+TABLE_WORD = 2 + 4 * LINEAR_SLOTS + 4 + 3  # csrc LayerDesc.table: the layer's block-table set, set per step
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -60,15 +65,38 @@ def linear_slots(module: nn.Module) -> list[int] | None:
             module.in_features, module.group_size]
 
 
-def _plain_norm(norm: nn.Module, eps: float) -> bool:
-    return (type(norm) is RMSNorm and not norm.unit_offset and norm.eps == eps and norm.weight.dtype == torch.float32
-            and norm.weight.is_contiguous())
+def norm_multiplier(norm: nn.Module | None, eps: float) -> torch.Tensor | None:
+    """What the kernel multiplies a normed row by (Gemma's 1 + weight), or None where it cannot run the norm."""
+    if type(norm) is not RMSNorm or norm.eps != eps or norm.weight.dtype != torch.float32:
+        return None
+    weight = norm.unit_weight() if norm.unit_offset else norm.weight
+    return weight if weight.is_contiguous() else None
+
+
+def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[torch.Tensor]] | None:
+    """A layer's LayerDesc words but its cache (table set 0) and the tensors they point into, or None
+    where the kernel does not run it."""
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = [*layer.decode_step_norms(), attn.q_norm, attn.k_norm]
+    required = 2 if norms[2] is None else 4  # input and pre-MLP; with output norms, those too
+    multipliers = [norm_multiplier(n, cfg.rms_norm_eps) if n is not None else None for n in norms]
+    if any(m is None for m in multipliers[:required]) or any(
+            m is None for n, m in zip(norms[required:], multipliers[required:]) if n is not None):
+        return None
+    linears = [linear_slots(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    if any(slots is None for slots in linears):
+        return None
+    input_norm, mlp_norm, attn_out, mlp_out, q_norm, k_norm = (_ptr(m) for m in multipliers)
+    rope = 1 if getattr(layer, "is_local", False) else 0
+    words = [input_norm, mlp_norm, *sum(linears, []), q_norm, k_norm, attn_out, mlp_out, ACTS[cfg.hidden_act], rope,
+             attn.window or 0, 0]
+    return words, [m for m in multipliers if m is not None]
 
 
 class LlamaDecodeStep:
-    """Every layer of a Llama body for one decode-only batch. `build` returns None for a body the
-    kernel does not run (another family, q/k norms, a GELU MLP, bfloat16, sharded or act-order
-    weights, no compiler); `batch_fits` and `takes` say per step whether the batch and cache do."""
+    """Every layer of a Llama-family body for one decode-only batch. `build` returns None for a body the
+    kernel does not run (other norms or activations, unequal attention scales, bfloat16, sharded or
+    act-order weights, no compiler); `batch_fits` and `takes` say per step whether the batch and cache do."""
 
     def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor],
                  float_copies: bool = False):
@@ -77,44 +105,38 @@ class LlamaDecodeStep:
         self.max_batch = MAX_ROWS if has_float else MAX_BATCH
         if float_copies:  # from FLOAT_BATCH_MIN_ROWS rows the layers' float copies are faster
             self.max_batch = min(self.max_batch, FLOAT_BATCH_MIN_ROWS - 1)
-        self.eps, self.window, self.scale = cfg.rms_norm_eps, cfg.sliding_window or 0, scale
+        self.eps, self.scale = cfg.rms_norm_eps, scale
         self.shape = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.layer_slots = layer_slots  # LayerDesc per layer, without its cache pointer
         self._caches: list | None = None
+        self._table_sets: tuple[int, ...] = ()  # what the descriptors' table column holds
         self._descriptors: torch.Tensor | None = None
         self._pool: torch.Tensor | None = None  # the tensor every layer's cache is a view of
 
     @classmethod
     def build(cls, layers: nn.ModuleList, cfg: ModelConfig) -> LlamaDecodeStep | None:
-        """layers: LlamaDecoderLayer's (the weights are read now: build after loading them)."""
-        if cfg.hidden_act not in ("silu", "swish") or cfg.qk_norm or cfg.layer_types is not None:
+        """layers: decoder layers with `decode_step_norms` (the weights are read now: build after loading them)."""
+        if cfg.hidden_act not in ACTS or cfg.hidden_size % 8 or cfg.head_dim % 8:
             return None
-        descriptors: list[list[int]] = []
-        for layer in layers:
-            if not (_plain_norm(layer.input_layernorm, cfg.rms_norm_eps) and _plain_norm(layer.post_attention_layernorm, cfg.rms_norm_eps)):
-                return None
-            attn, mlp = layer.self_attn, layer.mlp
-            linears = [linear_slots(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-            if any(slots is None for slots in linears):
-                return None
-            descriptors.append([layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-                           *sum(linears, [])])
-        if cfg.hidden_size % 8 or cfg.head_dim % 8 or _library() is None:
+        built = [layer_slots(layer, cfg) for layer in layers]
+        scales = {layer.self_attn.scale for layer in layers}
+        if any(b is None for b in built) or len(scales) != 1 or _library() is None:
             return None
         tensors = [t for layer in layers for t in list(layer.parameters()) + list(layer.buffers())]
+        tensors += [t for _, extra in built for t in extra]
         float_copies = any(getattr(m, "float_weight", None) is not None for m in layers.modules())
-        return cls(cfg, layers[0].self_attn.scale, descriptors, tensors, float_copies)
+        return cls(cfg, scales.pop(), [words for words, _ in built], tensors, float_copies)
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:
-        """A decode-only batch of 1..MAX_BATCH float32 rows on CPU, one metadata for every layer."""
-        meta = metas[0]
+        """A decode-only batch of 1..MAX_BATCH float32 rows on CPU in every layer's metadata."""
+        rows = x.shape[0]
         return (
-            x.dtype == torch.float32 and x.device.type == "cpu" and 1 <= x.shape[0] <= MAX_BATCH
-            and not meta.prefills and meta.num_decodes == x.shape[0] and all(m is meta for m in metas)
+            x.dtype == torch.float32 and x.device.type == "cpu" and 1 <= rows <= MAX_BATCH
             and cos.dtype == torch.float32 and cos.is_contiguous()
-            and meta.slot_mapping.dtype == torch.int64 and meta.decode_block_tables.dtype == torch.int64
-            and meta.decode_block_tables.is_contiguous() and meta.decode_context_lens.dtype == torch.int64
+            and all(not m.prefills and m.num_decodes == rows and m.slot_mapping.dtype == torch.int64
+                    and m.decode_block_tables.dtype == torch.int64 and m.decode_block_tables.is_contiguous()
+                    and m.decode_context_lens.dtype == torch.int64 for m in metas)
         )
 
     def takes(self, rows: int, kv_caches: list) -> bool:
@@ -125,7 +147,7 @@ class LlamaDecodeStep:
     def _descriptors_for(self, kv_caches: list) -> torch.Tensor | None:
         """The LayerDesc table with these caches (rebuilt only when the cache list changes)."""
         if kv_caches is not self._caches:
-            self._caches, self._descriptors = kv_caches, None
+            self._caches, self._descriptors, self._table_sets = kv_caches, None, (0,) * len(kv_caches)
             pool = kv_caches[0]._base if isinstance(kv_caches[0], torch.Tensor) else None
             if pool is not None and all(
                 isinstance(c, torch.Tensor) and c._base is pool and c.dtype == torch.float32 and c.is_contiguous()
@@ -135,15 +157,35 @@ class LlamaDecodeStep:
                 self._descriptors, self._pool = torch.tensor(rows, dtype=torch.int64), pool
         return self._descriptors
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_caches: list,
-                 meta: AttentionMetadata) -> torch.Tensor:
-        """The residual stream after the last layer (x [B, hidden] is updated in place and returned)."""
+    def _set_tables(self, descriptors: torch.Tensor, table_sets: tuple[int, ...]) -> None:
+        """Each layer's block-table set (its cache group's position among this step's metadata)."""
+        if table_sets != self._table_sets:
+            descriptors[:, TABLE_WORD] = torch.tensor(table_sets)
+            self._table_sets = table_sets
+
+    def __call__(self, x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]], kv_caches: list,
+                 metas: list[AttentionMetadata]) -> torch.Tensor:
+        """The residual stream after the last layer (x [B, hidden] is updated in place and returned).
+        ropes: the (cos, sin) tables layers name (Gemma 3: global, local); metas: each layer's."""
         x = x.clone()  # updated in place: never the caller's tensor (an embedding lookup may be a view)
+        rows, head_dim = x.shape[0], self.shape[3]
+        sets: dict[int, int] = {}
+        table_sets = tuple(sets.setdefault(id(m), len(sets)) for m in metas)
+        groups = list({id(m): m for m in metas}.values())
+        cos, sin = (torch.stack([t.reshape(rows, head_dim) for t in tables]) for tables in zip(*ropes))
+        if len(groups) == 1:
+            m = groups[0]
+            slots, tables, lens = m.slot_mapping[None], m.decode_block_tables[None], m.decode_context_lens[None]
+        else:
+            width = max(m.decode_block_tables.shape[1] for m in groups)
+            slots = torch.stack([m.slot_mapping for m in groups])
+            tables = torch.stack([F.pad(m.decode_block_tables, (0, width - m.decode_block_tables.shape[1])) for m in groups])
+            lens = torch.stack([m.decode_context_lens for m in groups])
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
-        decode_step_op(
-            x, self._pool, self._descriptors_for(kv_caches), cos, sin, meta.slot_mapping, meta.decode_block_tables,
-            meta.decode_context_lens, [*self.shape, num_blocks, block_size, self.window], self.eps, self.scale,
-        )
+        descriptors = self._descriptors_for(kv_caches)
+        self._set_tables(descriptors, table_sets)
+        decode_step_op(x, self._pool, descriptors, cos, sin, slots, tables, lens,
+                       [*self.shape, num_blocks, block_size], self.eps, self.scale)
         return x
 
 
@@ -151,6 +193,33 @@ def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Te
                    sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                    sizes: list[int], eps: float, scale: float) -> None:
     """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
-    cache, through the addresses in `descriptors`) are written in place. sizes: hidden, heads, KV heads,
-    head dim, blocks, block size, window (0: none)."""
+    cache, through the addresses in `descriptors`) are written in place. cos / sin [R, B, head dim];
+    slots [S, B], tables [S, B, W], lens [S, B]. sizes: hidden, heads, KV heads, head dim, blocks, block size."""
     _library().decode_step(x, kv_pool, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale)
+
+
+class FusedDecodeBody:
+    """A model body (nn.Module with `layers`, `config`) whose decode-only batches may take the fused step.
+    A subclass whose layers the kernel does not compute (Phi-3's partial rotary) sets fuses_decode False."""
+
+    fuses_decode = True
+    fused_decode = True  # per instance, False: decode layer by layer too (the path the fused step is tested against)
+    _decode_step: LlamaDecodeStep | None | bool = False  # False: not built yet (built at the first decode)
+
+    def fused_layers(self, x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]], kv_caches: list,
+                     metas: list[AttentionMetadata]) -> torch.Tensor | None:
+        """The residual stream after every layer, in one call; None where the step does not apply."""
+        if not LlamaDecodeStep.batch_fits(x, ropes[0][0], metas):
+            return None
+        step = self.decode_step()
+        if step is None or not step.takes(x.shape[0], kv_caches):
+            return None
+        return step(x, ropes, kv_caches, metas)
+
+    def decode_step(self) -> LlamaDecodeStep | None:
+        """The whole-stack decode kernel for this body, where it applies (built at the first decode step)."""
+        if not (self.fused_decode and self.fuses_decode):
+            return None
+        if self._decode_step is False:
+            self._decode_step = LlamaDecodeStep.build(self.layers, self.config)
+        return self._decode_step

@@ -20,7 +20,7 @@ from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
 from llmpipe.models.causal_lm import CausalLM
-from llmpipe.models.llama.decode_step import LlamaDecodeStep
+from llmpipe.models.llama.decode_step import FusedDecodeBody
 from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
 
@@ -91,8 +91,12 @@ class LlamaDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def decode_step_norms(self) -> tuple[nn.Module, nn.Module, None, None]:
+        """For the fused step: the norms before attention and before the MLP; none on their outputs."""
+        return self.input_layernorm, self.post_attention_layernorm, None, None
 
-class LlamaModel(nn.Module):
+
+class LlamaModel(FusedDecodeBody, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         # Given an empty weight (the checkpoint fills it), nn.Embedding skips its random init, whose
@@ -102,28 +106,17 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.config = cfg
-        self.fused_decode = True  # False: decode layer by layer too (the path the fused step is tested against)
-        self._decode_step: LlamaDecodeStep | None | bool = False  # False: not built yet (built at the first decode)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], metas: list[AttentionMetadata]) -> torch.Tensor:
         """metas: each layer's attention metadata (layers of one KV cache group share one)."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
-        if LlamaDecodeStep.batch_fits(x, rope[0], metas):
-            step = self.decode_step()
-            if step is not None and step.takes(x.shape[0], kv_caches):
-                return self.norm(step(x, *rope, kv_caches, metas[0]))
+        fused = self.fused_layers(x, [rope], kv_caches, metas)
+        if fused is not None:
+            return self.norm(fused)
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
-
-    def decode_step(self) -> LlamaDecodeStep | None:
-        """The whole-stack decode kernel for this body, where it applies (built at the first decode step)."""
-        if not self.fused_decode or type(self) is not LlamaModel:
-            return None
-        if self._decode_step is False:
-            self._decode_step = LlamaDecodeStep.build(self.layers, self.config)
-        return self._decode_step
 
 
 class LlamaForCausalLM(CausalLM):

@@ -40,6 +40,7 @@ class Phi3Attention(LlamaAttention):
 
 
 class Phi3Model(LlamaModel):
+    fuses_decode = False  # partial rotary: not the fused step's RoPE
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)  # built on the meta device (models.build_model): replacing parts costs nothing
         for layer in self.layers:
