@@ -86,16 +86,21 @@ static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), fre
  * four-row functions on the same rows, for the same bits). */
 static void row_range(int64_t N, int64_t *n0, int64_t *n1) { thread_rows(N, 4, n0, n1); }
 
-/* out[m] = x[m] / rms(x[m]) * w, as torch.rms_norm computes in float32. */
+/* 1 / rms(row) of a K-wide row (K a multiple of 8), as torch.rms_norm takes it in float32. */
+static float inverse_rms(const float *row, int64_t K, float eps) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 v = _mm256_loadu_ps(row + k);
+        acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    return 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+}
+
+/* out[m] = x[m] / rms(x[m]) * w, as torch.rms_norm computes in float32 (out may be x). */
 static void rms_norm_rows(const float *x, const float *w, float *out, int64_t B, int64_t K, float eps) {
     for (int64_t m = 0; m < B; m++) {
         const float *xr = x + m * K;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t k = 0; k < K; k += 8) {
-            __m256 v = _mm256_loadu_ps(xr + k);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        const float rstd = 1.0f / sqrtf(hsum(acc) / (float)K + eps);
+        const float rstd = inverse_rms(xr, K, eps);
         for (int64_t k = 0; k < K; k++) out[m * K + k] = xr[k] * rstd * w[k];
     }
 }
@@ -107,12 +112,7 @@ static void add_normed(float *x, const float *out, const float *w, int64_t B, in
     thread_rows(hidden, 8, &c0, &c1);
     for (int64_t m = 0; m < B; m++) {
         const float *row = out + m * hidden;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t k = 0; k < hidden; k += 8) {
-            __m256 v = _mm256_loadu_ps(row + k);
-            acc = _mm256_fmadd_ps(v, v, acc);
-        }
-        const float rstd = 1.0f / sqrtf(hsum(acc) / (float)hidden + eps);
+        const float rstd = inverse_rms(row, hidden, eps);
         for (int64_t c = c0; c < c1; c++) x[m * hidden + c] += row[c] * rstd * w[c];
     }
 }
