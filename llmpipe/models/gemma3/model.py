@@ -48,6 +48,10 @@ class Gemma3DecoderLayer(nn.Module):
         """For the fused step: the norms before attention and before the MLP, then on their outputs."""
         return self.input_layernorm, self.pre_feedforward_layernorm, self.post_attention_layernorm, self.post_feedforward_layernorm
 
+    def decode_step_rope(self) -> int:
+        """For the fused step: the global table (0) or the local one (1), as `forward`'s ropes[is_local]."""
+        return int(self.is_local)
+
 
 class Gemma3Model(FusedDecodeBody, nn.Module):
     def __init__(self, cfg: ModelConfig):

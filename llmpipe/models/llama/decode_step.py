@@ -7,7 +7,8 @@ than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The 
 layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the embedding, the final
 norm and the LM head stay in PyTorch (one call each).
 
-A decoder layer says which of its norms sit where (`decode_step_norms`: Llama's two, Gemma's four);
+A decoder layer says which of its norms sit where (`decode_step_norms`: Llama's two, Gemma's four) and
+which RoPE table it takes (`decode_step_rope`);
 q/k norms, the activation, each layer's RoPE table, window and cache group come from the layer and
 the step's metadata. Each linear keeps its own numerics: float activations into the exact low-bit row
 kernels (bit for bit the per-op kernels' results), or 8- or 16-bit activation blocks where the layer has
@@ -87,7 +88,7 @@ def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[tor
     if any(slots is None for slots in linears):
         return None
     input_norm, mlp_norm, attn_out, mlp_out, q_norm, k_norm = (_ptr(m) for m in multipliers)
-    rope = 1 if getattr(layer, "is_local", False) else 0
+    rope = layer.decode_step_rope()
     words = [input_norm, mlp_norm, *sum(linears, []), q_norm, k_norm, attn_out, mlp_out, ACTS[cfg.hidden_act], rope,
              attn.window or 0, 0]
     return words, [m for m in multipliers if m is not None]
@@ -169,10 +170,11 @@ class LlamaDecodeStep:
         ropes: the (cos, sin) tables layers name (Gemma 3: global, local); metas: each layer's."""
         x = x.clone()  # updated in place: never the caller's tensor (an embedding lookup may be a view)
         rows, head_dim = x.shape[0], self.shape[3]
-        sets: dict[int, int] = {}
-        table_sets = tuple(sets.setdefault(id(m), len(sets)) for m in metas)
-        groups = list({id(m): m for m in metas}.values())
-        cos, sin = (torch.stack([t.reshape(rows, head_dim) for t in tables]) for tables in zip(*ropes))
+        by_id = {id(m): m for m in metas}  # the step's cache groups, in order of first use
+        index = {key: i for i, key in enumerate(by_id)}
+        table_sets, groups = tuple(index[id(m)] for m in metas), list(by_id.values())
+        cos, sin = (tables[0].reshape(1, rows, head_dim) if len(tables) == 1  # a view: no copy per step
+                    else torch.stack([t.reshape(rows, head_dim) for t in tables]) for tables in zip(*ropes))
         if len(groups) == 1:
             m = groups[0]
             slots, tables, lens = m.slot_mapping[None], m.decode_block_tables[None], m.decode_context_lens[None]

@@ -95,6 +95,10 @@ class LlamaDecoderLayer(nn.Module):
         """For the fused step: the norms before attention and before the MLP; none on their outputs."""
         return self.input_layernorm, self.post_attention_layernorm, None, None
 
+    def decode_step_rope(self) -> int:
+        """For the fused step: which of the body's RoPE tables this layer takes (Llama has one)."""
+        return 0
+
 
 class LlamaModel(FusedDecodeBody, nn.Module):
     def __init__(self, cfg: ModelConfig):
