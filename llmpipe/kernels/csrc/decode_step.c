@@ -62,7 +62,7 @@ typedef struct {
 /* Per-thread buffers, sized for the widest input (K) and output slice. */
 typedef struct {
     float *xn, *y, *y2, *xsum, *dx, *tmp;
-    int8_t *qx, *qp; /* qp: qx in pair order (lowbit_q8_rows.h) */
+    int8_t *qx, *qp; /* qp: qx in the batch-1 INT4 rows' order (lowbit_q8_rows.h: int4_m1_order) */
     int32_t *cg;
 } Scratch;
 
@@ -193,9 +193,9 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 #define dot_slice_avx2_M1_INT8 \
     if (B == 1) { M1_LOOP(int8_rows_avx2_m1, AVX2_INT8_STEP, codes, K, scale, (const float *)NULL, G, s->y); return; }
 #define dot_slice_vnni_M1_INT4 \
-    if (B == 1) { M1_LOOP(int4_rows_vnni_m1, VNNI_STEP, codes, K / 2, scale, offset, G, s->y); return; }
+    if (B == 1) { M1_LOOP(int4_rows_vnni_m1, VNNI_INT4_STEP, codes, K / 2, scale, offset, G, s->y); return; }
 #define dot_slice_vnni_M1_INT8 \
-    if (B == 1) { M1_LOOP(int8_rows_vnni_m1, VNNI_STEP, codes, K, scale, (const float *)NULL, G, s->y); return; }
+    if (B == 1) { M1_LOOP(int8_rows_vnni_m1, VNNI_INT8_STEP, codes, K, scale, (const float *)NULL, G, s->y); return; }
 #define dot_slice_avx2_INT4(MR) DOT_ROWS(int4_row_avx2, MR, K / 2, offset + n * G)
 #define dot_slice_avx2_INT8(MR) DOT_ROWS(int8_row_avx2, MR, K, NULL)
 #define dot_slice_vnni_INT4(MR) DOT_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
@@ -216,9 +216,9 @@ static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t
         if (w->bits && w->kind != F32) {
             const int planes = w->bits == 16 ? 2 : 1;
             quantize_rows(xm, rows, w->K, w->group, planes, s->qx, s->dx, s->xsum);
-            if (rows == 1 && w->kind == INT4 && !use_vnni()) { /* int4_rows_avx2_m1's order */
+            if (rows == 1 && w->kind == INT4) { /* the batch-1 INT4 rows' order */
                 int8_t *natural = s->qx;
-                pair_order(natural, w->K, planes, s->qp);
+                int4_m1_order(natural, w->K, planes, use_vnni(), s->qp);
                 s->qx = s->qp, s->qp = natural;
             }
             for (int64_t c = 0; c < w->K / BLOCK; c++) s->cg[c] = (int32_t)(c * BLOCK / w->group);

@@ -71,8 +71,8 @@ int has_vnni(void) { return use_vnni(); }
 #define NO_ATTR
 DEFINE_M1_LINEAR(int4_dot_avx2_m1, NO_ATTR, uint8_t, int4_rows_avx2_m1, AVX2_INT4_STEP, K / 2)
 DEFINE_M1_LINEAR(int8_dot_avx2_m1, NO_ATTR, int8_t, int8_rows_avx2_m1, AVX2_INT8_STEP, K)
-DEFINE_M1_LINEAR(int4_dot_vnni_m1, VNNI, uint8_t, int4_rows_vnni_m1, VNNI_STEP, K / 2)
-DEFINE_M1_LINEAR(int8_dot_vnni_m1, VNNI, int8_t, int8_rows_vnni_m1, VNNI_STEP, K)
+DEFINE_M1_LINEAR(int4_dot_vnni_m1, VNNI, uint8_t, int4_rows_vnni_m1, VNNI_INT4_STEP, K / 2)
+DEFINE_M1_LINEAR(int8_dot_vnni_m1, VNNI, int8_t, int8_rows_vnni_m1, VNNI_INT8_STEP, K)
 
 DEFINE_INT4_LINEAR(int4_dot_avx2, NO_ATTR, int4_row_avx2)
 DEFINE_INT4_LINEAR(int4_dot_vnni, VNNI, int4_row_vnni)
@@ -89,13 +89,11 @@ static void linear_dot(int int4, const float *x, const void *codes, const float 
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
     quantize_rows(x, M, K, group, planes, qx, dx, xsum);
-    if (M == 1 && int4 && vnni) {
-        int4_dot_vnni_m1(qx, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
-    } else if (M == 1 && int4) {
-        int8_t *paired = malloc(activation_bytes(M, K, planes));
-        pair_order(qx, K, planes, paired);
-        int4_dot_avx2_m1(paired, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
-        free(paired);
+    if (M == 1 && int4) {
+        int8_t *ordered = malloc(activation_bytes(M, K, planes));
+        int4_m1_order(qx, K, planes, vnni, ordered);
+        (vnni ? int4_dot_vnni_m1 : int4_dot_avx2_m1)(ordered, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
+        free(ordered);
     } else if (M == 1)
         (vnni ? int8_dot_vnni_m1 : int8_dot_avx2_m1)(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg, planes);
     else if (int4)

@@ -179,29 +179,26 @@ static inline __m256 offset_terms(const float *offset, const float *xsum, int64_
     }
 
 
-/* INT4 at batch 1 on AVX2 takes the activations in pair order (pair_order): per two chunks c, c + 1,
- * x[c][0:16] x[c+1][0:16] x[c][16:32] x[c+1][16:32], the order in which one 32-byte load of the two
- * chunks' codes gives its low nibbles, then its high ones. So two chunks cost one load, two masks
- * and a shift, and the two halves' byte products add as int16 (|sum| <= 4 * 15 * 127) before one
- * widening: half the instructions of unpacking chunk by chunk, on a CPU where decode is compute-bound.
- * An odd last chunk keeps its natural order. */
-static inline void pair_order(const int8_t *qx, int64_t K, int planes, int8_t *out) {
-    const int64_t B = K / BLOCK;
+/* INT4 at batch 1 takes the activations with each run of R chunks interleaved by halves (R: 2 for
+ * AVX2's rows, 4 for VNNI's): the first 16 elements of each chunk of the run, then the last 16 of
+ * each — for R = 2, x[c][0:16] x[c+1][0:16] x[c][16:32] x[c+1][16:32]. That is the order in which one
+ * load of the R chunks' codes (16 bytes each) gives its low nibbles, then its high ones: so R chunks
+ * cost one load, two masks and a shift, where unpacking chunk by chunk costs a shuffle per chunk too,
+ * on CPUs where batch-1 decode is compute-bound. A last run shorter than R keeps its natural order. */
+static inline void interleave_halves(const int8_t *qx, int64_t K, int planes, int64_t R, int8_t *out) {
+    const int64_t B = K / BLOCK, H = BLOCK / 2;
     for (int p = 0; p < planes; p++) {
         const int8_t *src = qx + p * K;
         int8_t *dst = out + p * K;
         int64_t c = 0;
-        for (; c + 2 <= B; c += 2) {
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(src + c * BLOCK));
-            const __m256i b = _mm256_loadu_si256((const __m256i *)(src + (c + 1) * BLOCK));
-            _mm256_storeu_si256((__m256i *)(dst + c * BLOCK), _mm256_permute2x128_si256(a, b, 0x20));
-            _mm256_storeu_si256((__m256i *)(dst + (c + 1) * BLOCK), _mm256_permute2x128_si256(a, b, 0x31));
-        }
-        if (c < B) memcpy(dst + c * BLOCK, src + c * BLOCK, BLOCK);
+        for (; c + R <= B; c += R)
+            for (int64_t i = 0; i < R; i++)
+                for (int h = 0; h < 2; h++) memcpy(dst + c * BLOCK + (h * R + i) * H, src + (c + i) * BLOCK + h * H, H);
+        memcpy(dst + c * BLOCK, src + c * BLOCK, (B - c) * BLOCK);
     }
 }
 
-/* Two chunks' dot of one weight row, lanes 0-3 chunk c and 4-7 chunk c + 1 (xa, xb: pair_order's halves). */
+/* Two chunks' dot of one weight row, lanes 0-3 chunk c and 4-7 chunk c + 1 (xa, xb: interleave_halves' halves, R = 2). */
 static inline __m256i int4_pair_dot(__m256i bytes, __m256i xa, __m256i xb, __m256i pair_weight) {
     const __m256i mask = _mm256_set1_epi8(0x0F);
     const __m256i low = _mm256_and_si256(bytes, mask), high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), mask);
@@ -209,7 +206,7 @@ static inline __m256i int4_pair_dot(__m256i bytes, __m256i xa, __m256i xb, __m25
     return _mm256_madd_epi16(sum16, pair_weight);
 }
 
-/* As DEFINE_ROWS_AVX2_M1's rows, for INT4 with qx in pair order. */
+/* As DEFINE_ROWS_AVX2_M1's rows, for INT4 with qx interleaved by halves (R = 2). */
 static inline __attribute__((always_inline)) void int4_rows_avx2_m1(
     const uint8_t *row, int64_t stride, const float *scale, const int8_t *qx, const float *dx, int64_t K,
     int64_t group, const int32_t *cg, float *out, const int NR, const float *offset, const float *xsum, int64_t lo,
@@ -348,11 +345,42 @@ VNNI static inline __m512 pair_lanes(const float *v) {
     return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), two);
 }
 
+/* INT4 at batch 1: four chunks a step, qx interleaved by halves (R = 4), so one 64-byte load gives
+ * the four chunks' low nibbles (against xa) and high ones (against xb) and dpbusd's lanes 4i..4i+3 hold
+ * chunk c + i; the four chunks' scales are one load. Leaves c at the first chunk of the tail. */
+#define VNNI_INT4_RUNS                                                                                   \
+    {                                                                                                    \
+        const __m512i mask = _mm512_set1_epi8(0x0F);                                                     \
+        const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);        \
+        for (; c + 4 <= B; c += 4) {                                                                     \
+            const int8_t *p = qx + c * BLOCK;                                                            \
+            const __m512i xa = _mm512_loadu_si512((const void *)p), xb = _mm512_loadu_si512((const void *)(p + 64)); \
+            const __m512i la = PL == 1 ? xa : _mm512_loadu_si512((const void *)(p + lo));               \
+            const __m512i lb = PL == 1 ? xb : _mm512_loadu_si512((const void *)(p + lo + 64));          \
+            const __m128 d4 = _mm_loadu_ps(dx + c);                                                      \
+            for (int r = 0; r < NR; r++) {                                                               \
+                const uint8_t *w = row + r * stride + c * (BLOCK / 2);                                   \
+                _mm_prefetch((const char *)(w + DOT_PREFETCH_BYTES), _MM_HINT_T0);                       \
+                const __m512i bytes = _mm512_loadu_si512((const void *)w);                               \
+                const __m512i low = _mm512_and_si512(bytes, mask);                                       \
+                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), mask);                \
+                __m512i d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), low, xa), high, xb); \
+                if (PL == 2) d = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(d, 7), low, la), high, lb); \
+                const float *s = scale + r * G;                                                          \
+                const __m128 s4 = group == BLOCK ? _mm_loadu_ps(s + c)                                   \
+                                                 : _mm_setr_ps(s[cg[c]], s[cg[c + 1]], s[cg[c + 2]], s[cg[c + 3]]); \
+                const __m512 k = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(s4, d4))); \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[r]);                              \
+            }                                                                                            \
+        }                                                                                                \
+    }
+#define VNNI_NO_RUNS
+
 /* One activation row (batch-1 decode) against NR weight rows at a time (rows `stride` bytes apart):
- * each row's arithmetic is NAME's above with MR = 1, in the same order (so the same bits), but the
- * NR rows' accumulator chains interleave and share each activation load, where one row alone waits
- * on its chain's FMA latency. */
-#define DEFINE_ROWS_VNNI_M1(NAME, WEIGHT_T, ROW_BYTES, PREPARE, SIGNED)                                 \
+ * each row's arithmetic is NAME's above with MR = 1, but the NR rows' accumulator chains interleave
+ * and share each activation load, where one row alone waits on its chain's FMA latency. RUNS: a lead
+ * loop over the chunks that leaves the rest to these (VNNI_INT4_RUNS, or VNNI_NO_RUNS). */
+#define DEFINE_ROWS_VNNI_M1(NAME, WEIGHT_T, ROW_BYTES, PREPARE, SIGNED, RUNS)                           \
     VNNI static inline __attribute__((always_inline)) void NAME(                                        \
         const WEIGHT_T *row, int64_t stride, const float *scale, const int8_t *qx, const float *dx,     \
         int64_t K, int64_t group, const int32_t *cg, float *out, const int NR, const float *offset,     \
@@ -368,6 +396,7 @@ VNNI static inline __m512 pair_lanes(const float *v) {
                     acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, offset + r * G + g), xs, acc[r]);  \
             }                                                                                            \
         int64_t c = 0;                                                                                   \
+        RUNS                                                                                             \
         if (group == BLOCK) /* GGUF's blocks: each chunk its own scale, two a step read as one pair */   \
             for (; c + 1 < B; c += 2) {                                                                  \
                 const __m512i xq = _mm512_loadu_si512((const void *)(qx + c * BLOCK));                   \
@@ -418,13 +447,15 @@ VNNI static inline __m512 pair_lanes(const float *v) {
 
 DEFINE_ROW_VNNI(int4_row_vnni, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
 DEFINE_ROW_VNNI(int8_row_vnni, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
-DEFINE_ROWS_VNNI_M1(int4_rows_vnni_m1, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS)
-DEFINE_ROWS_VNNI_M1(int8_rows_vnni_m1, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED)
+DEFINE_ROWS_VNNI_M1(int4_rows_vnni_m1, uint8_t, BLOCK / 2, INT4_VNNI_PREPARE, AS_IS, VNNI_INT4_RUNS)
+DEFINE_ROWS_VNNI_M1(int8_rows_vnni_m1, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED, VNNI_NO_RUNS)
 
 /* Rows n0 .. n1 - 1 into y[n - n0] for one activation row, STEP (1..4) weight rows at a time (ROWS: a
- * *_rows_*_m1). Measured on AVX2 (Zen, DRAM-resident weights): INT4 gains from four rows sharing each
- * activation load and block scale, INT8, whose chunks need no unpacking, loses (its four interleaved
- * streams run ~1.4x slower than one), so INT8 on AVX2 goes one row at a time. */
+ * *_rows_*_m1). Measured with DRAM-resident weights: on AVX2 (Zen 3) INT4 gains from four rows sharing
+ * each activation load and block scale, while INT8, whose chunks need no unpacking, loses (its four
+ * interleaved streams run ~1.4x slower than one). On AVX-512 (Zen 5) four interleaved rows stream at
+ * half the speed of one or two (INT4 gate_up, one thread: 15 vs 25-28 GB/s; the Q8_0 head 20 vs 27),
+ * and two INT8 rows at half of one: so VNNI takes INT4 two rows at a time, INT8 one. */
 #define M1_LOOP(ROWS, STEP, codes, row_bytes, scale, offset, G, y)                                        \
     do {                                                                                                 \
         int64_t n = n0;                                                                                  \
@@ -437,7 +468,8 @@ DEFINE_ROWS_VNNI_M1(int8_rows_vnni_m1, int8_t, BLOCK, INT8_VNNI_PREPARE, NEGATED
     } while (0)
 #define AVX2_INT4_STEP 4
 #define AVX2_INT8_STEP 1
-#define VNNI_STEP 4
+#define VNNI_INT4_STEP 2
+#define VNNI_INT8_STEP 1
 
 static int use_vnni(void) {
     static int cached = -1;
@@ -446,6 +478,11 @@ static int use_vnni(void) {
                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                  __builtin_cpu_supports("avx512vnni");
     return cached;
+}
+
+/* qx (one activation row) into `out` in the order the batch-1 INT4 rows take it (VNNI's or AVX2's). */
+static inline void int4_m1_order(const int8_t *qx, int64_t K, int planes, int vnni, int8_t *out) {
+    interleave_halves(qx, K, planes, vnni ? 4 : 2, out);
 }
 
 /* The group of each 32-element chunk: looked up in the inner loops, where dividing by a run-time
