@@ -126,12 +126,19 @@ def dequantize_q5_k(blocks: torch.Tensor) -> torch.Tensor:
     return _k_affine(blocks, _k_low_nibbles(blocks[:, 48:]) | (high << 4))
 
 
-def dequantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
-    """Q6_K [n, 210]: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d (f16)."""
+def split_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K [n, 210]: 128 bytes low nibbles, 64 bytes high 2-bit pairs, 16 int8 scales, d (f16) →
+    per 16-weight sub-block scale d·scale float32 [n, 16], signed codes q − 32 int8 [n, 256] in weight
+    order (value = scale·(q − 32))."""
     low = unpack_nibbles(blocks[:, :128].reshape(-1, 2, 64)).reshape(-1, 8, 32)
     high = _bit_planes(blocks[:, 128:192].reshape(-1, 32), bits=2, planes=4).reshape(-1, 8, 32)
-    d = (_f16(blocks, 208) * blocks[:, 192:208].view(torch.int8).float()).unsqueeze(-1)
-    return (low | (high << 4)).float().sub_(32).reshape(-1, 16, 16).mul_(d).reshape(-1, QK_K)
+    scale = _f16(blocks, 208) * blocks[:, 192:208].view(torch.int8).float()
+    return scale, ((low | (high << 4)).view(torch.int8) - 32).reshape(-1, QK_K)
+
+
+def dequantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_q6_k(blocks)
+    return q.float().reshape(-1, 16, 16).mul_(scale.unsqueeze(-1)).reshape(-1, QK_K)
 
 
 BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -13,17 +13,20 @@ from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
 from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q4_k, split_q5_0,
-                                        split_q8_0, unpack_nibbles)
+                                        split_q6_k, split_q8_0, unpack_nibbles)
 from llmpipe.quant.formats import Int4Weight, Int8Weight
 
 GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 block and per Q4_K sub-block
+Q6_K_SUB_BLOCK = 16
 # The ggml types that are llmpipe weight formats exactly (read_quantized): the kernels run them on
-# their codes. Q5_0's 5-bit codes ride in int8 (1.06 bytes a weight where the file has 0.69).
+# their codes. Q5_0's 5-bit and Q6_K's 6-bit codes ride in int8 (1.06 and 1.25 bytes a weight where
+# the file has 0.69 and 0.82).
 NATIVE_FORMATS = {
     GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_K: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q5_0: ("int8", GGML_BLOCK),
+    GGMLQuantizationType.Q6_K: ("int8", Q6_K_SUB_BLOCK),
     GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
 }
 
@@ -88,9 +91,12 @@ def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> Int4Weight
     """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
     ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
     Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q and Q5_0's
-    d·(q − 16) are int8 with group-32 scales."""
+    d·(q − 16) are int8 with group-32 scales, Q6_K's d·scale·(q − 32) int8 with group-16 ones."""
     out = rows.shape[0]
     blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    if qtype == GGMLQuantizationType.Q6_K:
+        scale, q = split_q6_k(blocks)
+        return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), Q6_K_SUB_BLOCK)
     if qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0):
         scale, q = (split_q8_0 if qtype == GGMLQuantizationType.Q8_0 else split_q5_0)(blocks)
         return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)

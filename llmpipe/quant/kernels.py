@@ -17,7 +17,8 @@ import torch
 from llmpipe.kernels.build import library as _library
 
 MAX_ROWS = 8  # rows per call (csrc MAX_ROWS)
-CHUNK = 32  # K (padded) and group sizes are multiples of this
+CHUNK = 32  # K (padded) and group sizes are multiples of this (INT8 also takes HALF_GROUP)
+HALF_GROUP = 16  # INT8 groups of half a chunk: GGUF Q6_K's sub-blocks
 DOT_BLOCK = 32  # activation elements sharing one scale
 ACTIVATION_BITS = (8, 16)  # what the integer-dot kernels quantize activations to
 LEVELS = {8: 127, 16: 16256}  # |code| bound per bits (csrc Q8_LEVELS, Q16_LEVELS: 16 bits held as two int8 planes)
@@ -74,10 +75,12 @@ def reference_dot_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: tor
     """What the integer-dot kernels compute, in float64: weight_codes [N, K] unpacked integer codes,
     scale / offset [N, groups]; the offset meets the sum of the quantized x over each group."""
     q, d = quantize_activations(x, bits)
-    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, DOT_BLOCK),
-                        weight_codes.double().view(weight_codes.shape[0], -1, DOT_BLOCK))
-    chunk_group = torch.arange(dots.shape[-1]) * DOT_BLOCK // group
-    y = (dots * d.double()[:, None, :] * scale.double()[None, :, chunk_group]).sum(-1)
+    unit = min(group, DOT_BLOCK)  # INT8's half groups (16): two scales per activation block
+    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, unit),
+                        weight_codes.double().view(weight_codes.shape[0], -1, unit))
+    unit_group = torch.arange(dots.shape[-1]) * unit // group
+    d_unit = d.double().repeat_interleave(DOT_BLOCK // unit, dim=1)
+    y = (dots * d_unit[:, None, :] * scale.double()[None, :, unit_group]).sum(-1)
     if offset is not None:
         group_sums = torch.zeros(x.shape[0], offset.shape[1], dtype=torch.float64)
         x_q = (q.double().view(x.shape[0], -1, DOT_BLOCK) * d.double()[..., None]).flatten(1)

@@ -110,6 +110,7 @@ def test_shapes_the_c_code_does_not_take_are_refused():
     x, codes, scale, offset, _ = lowbit_args(2, int4=True)
     assert "x must have 1 to 8 rows, got 9" in refusal("int4_linear", torch.randn(9, K), codes, scale, offset, GROUP)
     assert "multiples of 32" in refusal("int4_linear", x, codes, scale, offset, 48)
+    assert "multiples of 32" in refusal("int4_linear", x, codes, torch.randn(48, K // 16), torch.randn(48, K // 16), 16)  # INT8 only
     assert "scale must have size 48 in dimension 0" in refusal("int4_linear", x, codes, scale[:40], offset, GROUP)
     assert "bits must be 8 or 16, got 4" in refusal("int4_linear_dot", x, codes, scale, offset, GROUP, 4)
     assert "K must be a multiple of 16" in refusal("small_batch_linear", torch.randn(2, 24), torch.randn(8, 24))

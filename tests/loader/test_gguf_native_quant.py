@@ -1,4 +1,4 @@
-"""GGUF Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 weights kept quantized: ggml's weights exactly, and the same model
+"""GGUF Q4_0 / Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0 weights kept quantized: ggml's weights exactly, and the same model
 as the dequantized float one."""
 
 from __future__ import annotations

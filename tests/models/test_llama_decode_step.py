@@ -115,6 +115,41 @@ def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_c
         assert fused_error <= 2 * layered_error + 1e-3, (fused_error, layered_error)
 
 
+def with_half_group_down_projections(llm: LLM) -> LLM:
+    """Each layer's down_proj as INT8 with groups of 16 (GGUF Q6_K's sub-blocks: two scales a chunk),
+    rounded from its weight; the fused step is rebuilt at the next decode."""
+    from llmpipe.quant.formats import Int8Weight
+    from llmpipe.quant.linear import Int8Linear
+
+    body = llm.engine.model.model
+    for layer in body.layers:
+        old = layer.mlp.down_proj
+        w = old.dequantize().unflatten(1, (-1, 16))
+        scale = w.abs().amax(-1).clamp_min(1e-8) / 31
+        q = torch.round(w / scale[..., None]).clamp(-32, 31).to(torch.int8).flatten(1)
+        new = Int8Linear(old.in_features, old.out_features, False, 16)
+        new.load_shard(None, Int8Weight(q, scale, 16))
+        new.activation_bits = old.activation_bits
+        layer.mlp.down_proj = new
+    body._decode_step = False
+    return llm
+
+
+@pytest.mark.parametrize("activations", [None, "int16"])
+def test_half_group_int8_weights_match_layer_by_layer(quantizable_checkpoint, activations):
+    """INT8 groups of 16 (Q6_K's) through the fused step: the per-op path's row kernels, whose lanes take
+    two scales a chunk; float activations to float32 rounding, 16-bit blocks as close to exact as layered."""
+    path = str(quantizable_checkpoint)
+    llm = with_half_group_down_projections(
+        LLM(path, quantization="int8", activation_quantization=activations, progress=False))
+    assert llm.engine.model.model.layers[0].mlp.down_proj.group_size == 16
+    if activations is None:
+        assert_matches_layered(llm, atol=2e-5)
+        assert_matches_layered(llm, atol=2e-5, prompts=(PROMPTS * 4)[:11])
+    else:
+        assert_matches_layered(llm, atol=0.05, near_tie=0.2)
+
+
 def test_quantized_caches_keep_the_layered_path(tiny_checkpoint):
     quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int8", progress=False)
     step = quantized_cache.engine.model.model.decode_step()

@@ -41,12 +41,12 @@ def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
 
 @pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per-channel", "q8_0"])
+@pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int8_dot_kernel_equals_its_reference(shape, grouped, isa, bits):
+def test_int8_dot_kernel_equals_its_reference(shape, group, isa, bits):
     out_features, in_features = shape
     torch.manual_seed(out_features)
-    layer = Int8Linear(in_features, out_features, False, 32 if grouped else None)
+    layer = Int8Linear(in_features, out_features, False, group)
     layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))  # -128 too: |w| must not overflow
     layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
     for rows in range(1, kernels.MAX_ROWS + 1):

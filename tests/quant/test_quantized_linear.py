@@ -64,6 +64,19 @@ def test_grouped_int8_from_q8_0_blocks_is_exact():
     assert_matches_reference(layer, weight.dequantize())
 
 
+@pytest.mark.parametrize("in_features", [96, 2048])
+def test_int8_half_groups_from_q6_k_sub_blocks_are_exact(in_features):
+    """Groups of 16 (two scales per 32-weight chunk, GGUF Q6_K's): each half meets its own scale."""
+    torch.manual_seed(0)
+    q = torch.randint(-32, 32, (51, in_features), dtype=torch.int8)
+    scale = torch.rand(51, in_features // 16) / 100
+    weight = Int8Weight(q, scale, 16)
+    layer = Int8Linear(in_features, 51, group_size=16)
+    layer.load_shard(None, weight)
+    assert torch.equal(layer.dequantize(), weight.dequantize())
+    assert_matches_reference(layer, weight.dequantize())
+
+
 def test_int4_pack_keeps_exact_scale_and_offset():
     """Q4_1-style (scale, offset) pairs are kept as given, not requantized."""
     torch.manual_seed(0)

@@ -71,7 +71,7 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.xn = malloc(sizeof(float) * B * K);
     s.y = malloc(sizeof(float) * B * slice);
     s.y2 = malloc(sizeof(float) * B * slice);
-    s.xsum = malloc(sizeof(float) * B * (K / BLOCK));
+    s.xsum = malloc(sizeof(float) * B * (K / HALF_GROUP)); /* one per group: half groups the most */
     s.dx = malloc(sizeof(float) * B * (K / BLOCK));
     s.tmp = malloc(sizeof(float) * K);
     s.qx = malloc(activation_bytes(B, K, 2));

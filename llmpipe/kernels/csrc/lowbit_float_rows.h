@@ -68,9 +68,29 @@ static inline __attribute__((always_inline)) void int4_row(
     for (int m = 0; m < MR; m++) y[m * N + n] = hsum(acc[m]) + off[m];
 }
 
+
+/* int8_row for HALF_GROUP: each 16 weights their own scale. */
+static inline __attribute__((always_inline)) void int8_row_halves(
+    const float *x, const int8_t *row, const float *scale, float *y, int64_t n, int64_t N, int64_t K, const int MR) {
+    __m256 acc[MAX_ROWS];
+    for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < K / HALF_GROUP; g++) {
+        const int64_t c = g * HALF_GROUP;
+        const __m128i b = _mm_loadu_si128((const __m128i *)(row + c));
+        const __m256 w0 = sbytes_to_float(b), w1 = sbytes_to_float(_mm_srli_si128(b, 8)), s = _mm256_set1_ps(scale[g]);
+        for (int m = 0; m < MR; m++) {
+            const float *xc = x + m * K + c;
+            const __m256 part = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xc + 8), _mm256_mul_ps(w0, _mm256_loadu_ps(xc)));
+            acc[m] = _mm256_fmadd_ps(part, s, acc[m]);
+        }
+    }
+    for (int m = 0; m < MR; m++) y[m * N + n] = hsum(acc[m]);
+}
+
 static inline __attribute__((always_inline)) void int8_row(
     const float *x, const int8_t *row, const float *scale, float *y, int64_t n, int64_t N, int64_t K,
     int64_t group, const int MR) {
+    if (group == HALF_GROUP) { int8_row_halves(x, row, scale, y, n, N, K, MR); return; }
     const int64_t G = num_groups(K, group);
     __m256 acc[MAX_ROWS];
     for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
@@ -123,6 +143,10 @@ static inline void int4_pair(const float *x, const uint8_t *row, const float *sc
 
 static inline void int8_pair(const float *x, const int8_t *row, const float *scale, float *y, int64_t K, int64_t group) {
     const int64_t G = num_groups(K, group);
+    if (group == HALF_GROUP) {
+        for (int r = 0; r < 2; r++) int8_row_halves(x, row + r * K, scale + r * G, y, r, 1, K, 1);
+        return;
+    }
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m256 a[4], b[4];

@@ -94,6 +94,16 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s, __m256i pair_weight) {
 #define ONES16 _mm256_set1_epi16(1)
 #define HIGH16 _mm256_set1_epi16(128)
 
+/* The scales of one chunk's eight dot lanes (lanes 0-3 hold elements 0-15, lanes 4-7 elements 16-31):
+ * with INT8's half groups (HALF_GROUP: GGUF Q6_K's sub-blocks of 16) each half has its own; otherwise
+ * the chunk's group scale. s: the weight row's scales. */
+static inline __m256 chunk_scales(const float *s, const int32_t *cg, int64_t c, int64_t group) {
+    if (group == HALF_GROUP)
+        return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd((const double *)(s + 2 * c)))),
+                                        _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    return _mm256_broadcast_ss(s + cg[c]);
+}
+
 /* The integer dot of one chunk over PL planes: xq the high (or only) plane, xl the low one. */
 #define PLANES_DOT256(DOT, xq, xl) (PL == 1 ? DOT(xq, ONES16) : _mm256_add_epi32(DOT(xq, HIGH16), DOT##_LOW(xl)))
 
@@ -107,14 +117,14 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s, __m256i pair_weight) {
         __m256 acc[8][2];                                                                                \
         for (int m = 0; m < MR; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();                        \
         for (int64_t c = 0; c < B; c++) {                                                                \
-            const float s = scale[cg[c]];                                                    \
+            const __m256 ks = chunk_scales(scale, cg, c, group);                                         \
             DOT##_PREPARE(row + c * (ROW_BYTES));                                                        \
             for (int m = 0; m < MR; m++) {                                                               \
                 const int8_t *p = qx + m * K + c * BLOCK;                                                \
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)p);                               \
                 const __m256i xl = PL == 1 ? xq : _mm256_loadu_si256((const __m256i *)(p + lo));         \
                 acc[m][c & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PLANES_DOT256(DOT, xq, xl)),          \
-                                                _mm256_set1_ps(s * dx[m * B + c]), acc[m][c & 1]);       \
+                                                _mm256_mul_ps(ks, _mm256_set1_ps(dx[m * B + c])), acc[m][c & 1]); \
             }                                                                                            \
         }                                                                                                \
         for (int m = 0; m < MR; m++) {                                                                   \
@@ -167,7 +177,7 @@ static inline __m256 offset_terms(const float *offset, const float *xsum, int64_
                 /* DRAM-resident weights: the hardware prefetch alone leaves the loads waiting */      \
                 _mm_prefetch((const char *)(row + r * stride + c * (ROW_BYTES) + DOT_PREFETCH_BYTES), _MM_HINT_T0); \
                 DOT##_PREPARE(row + r * stride + c * (ROW_BYTES));                                       \
-                const __m256 k = _mm256_mul_ps(_mm256_broadcast_ss(scale + r * G + cg[c]), d);            \
+                const __m256 k = _mm256_mul_ps(chunk_scales(scale + r * G, cg, c, group), d);            \
                 acc[r][c & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PLANES_DOT256(DOT, xq, xl)), k, acc[r][c & 1]); \
             }                                                                                            \
         }                                                                                                \
@@ -296,6 +306,24 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
              : _mm256_dpbusd_epi32(_mm256_slli_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, SIGNED(xq)), 7), \
                                    w, SIGNED(xl)))
 
+/* v[0], v[1] → lanes 0-7 v[0], lanes 8-15 v[1] (the scales of two chunks, beside their dpbusd lanes). */
+VNNI static inline __m512 pair_lanes(const float *v) {
+    const __m512 two = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)v)));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), two);
+}
+
+/* The scales of two chunks' sixteen dpbusd lanes (4i..4i+3: elements 16i..16i+15 of the pair), as
+ * chunk_scales: four half-group scales, or each chunk's group scale. */
+VNNI static inline __m512 chunk_pair_scales(const float *s, const int32_t *cg, int64_t c, int64_t group) {
+    if (group == HALF_GROUP)
+        return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                     _mm512_castps128_ps512(_mm_loadu_ps(s + 2 * c)));
+    return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s[cg[c]]), _mm512_set1_ps(s[cg[c + 1]]));
+}
+
+/* lanes 0-7 a, lanes 8-15 b */
+VNNI static inline __m512 lane_halves(float a, float b) { return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b)); }
+
 #define DEFINE_ROW_VNNI(NAME, WEIGHT_T, ROW_BYTES, PREPARE, SIGNED)                                      \
     VNNI static inline __attribute__((always_inline)) void NAME(const WEIGHT_T *row, const float *scale, const int8_t *qx, const float *dx,  \
                           int64_t K, int64_t group, const int32_t *cg, float *out, const int MR, const float *offset,      \
@@ -313,37 +341,30 @@ VNNI static inline __m512i int4_codes2(const uint8_t *bytes) { /* 32 bytes → 6
             }                                                                                            \
         int64_t c = 0;                                                                                   \
         for (; c + 1 < B; c += 2) {                                                                      \
-            const float s0 = scale[cg[c]], s1 = scale[cg[c + 1]];             \
+            const __m512 ks = chunk_pair_scales(scale, cg, c, group);                                    \
             PREPARE(row + c * (ROW_BYTES));                                                              \
             for (int m = 0; m < MR; m++) {                                                               \
                 const int8_t *p = qx + m * K + c * BLOCK;                                                \
                 const __m512i xq = _mm512_loadu_si512((const void *)p);                                  \
                 const __m512i xl = PL == 1 ? xq : _mm512_loadu_si512((const void *)(p + lo));            \
                 __m512i d = PLANES_DOT512(w, SIGNED, xq, xl);                                            \
-                __m512 k = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0 * dx[m * B + c]),              \
-                                                _mm512_set1_ps(s1 * dx[m * B + c + 1]));                 \
+                const __m512 k = _mm512_mul_ps(ks, lane_halves(dx[m * B + c], dx[m * B + c + 1]));          \
                 acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[m]);                              \
             }                                                                                            \
         }                                                                                                \
         for (int m = 0; m < MR; m++) out[m] = _mm512_reduce_add_ps(acc[m]);                              \
         if (c < B) { /* an odd chunk count: the last one at 256 bits */                                 \
-            const float s = scale[cg[c]];                                                    \
+            const __m256 ks = chunk_scales(scale, cg, c, group);                                         \
             PREPARE##_TAIL(row + c * (ROW_BYTES));                                                       \
             for (int m = 0; m < MR; m++) {                                                               \
                 const int8_t *p = qx + m * K + c * BLOCK;                                                \
                 const __m256i xq = _mm256_loadu_si256((const __m256i *)p);                               \
                 const __m256i xl = PL == 1 ? xq : _mm256_loadu_si256((const __m256i *)(p + lo));         \
                 __m256i d = PLANES_DOT256_VNNI(wt, SIGNED##_TAIL, xq, xl);                               \
-                out[m] += s * dx[m * B + c] * hsum(_mm256_cvtepi32_ps(d));                               \
+                out[m] += dx[m * B + c] * hsum(_mm256_mul_ps(_mm256_cvtepi32_ps(d), ks));                \
             }                                                                                            \
         }                                                                                                \
     }
-
-/* v[0], v[1] → lanes 0-7 v[0], lanes 8-15 v[1] (the scales of two chunks, beside their dpbusd lanes). */
-VNNI static inline __m512 pair_lanes(const float *v) {
-    const __m512 two = _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)v)));
-    return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), two);
-}
 
 /* INT4 at batch 1: four chunks a step, qx interleaved by halves (R = 4), so one 64-byte load gives
  * the four chunks' low nibbles (against xa) and high ones (against xb) and dpbusd's lanes 4i..4i+3 hold
@@ -412,12 +433,11 @@ VNNI static inline __m512 pair_lanes(const float *v) {
         for (; c + 1 < B; c += 2) {                                                                      \
             const __m512i xq = _mm512_loadu_si512((const void *)(qx + c * BLOCK));                       \
             const __m512i xl = PL == 1 ? xq : _mm512_loadu_si512((const void *)(qx + lo + c * BLOCK));   \
-            const float d0 = dx[c], d1 = dx[c + 1];                                                      \
+            const __m512 dxs = lane_halves(dx[c], dx[c + 1]);                                                 \
             for (int r = 0; r < NR; r++) {                                                               \
-                const float s0 = scale[r * G + cg[c]], s1 = scale[r * G + cg[c + 1]];                    \
                 PREPARE(row + r * stride + c * (ROW_BYTES));                                             \
                 __m512i d = PLANES_DOT512(w, SIGNED, xq, xl);                                            \
-                __m512 k = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(s0 * d0), _mm512_set1_ps(s1 * d1)); \
+                const __m512 k = _mm512_mul_ps(chunk_pair_scales(scale + r * G, cg, c, group), dxs);      \
                 acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), k, acc[r]);                              \
             }                                                                                            \
         }                                                                                                \
@@ -426,10 +446,9 @@ VNNI static inline __m512 pair_lanes(const float *v) {
             const __m256i xq = _mm256_loadu_si256((const __m256i *)(qx + c * BLOCK));                    \
             const __m256i xl = PL == 1 ? xq : _mm256_loadu_si256((const __m256i *)(qx + lo + c * BLOCK)); \
             for (int r = 0; r < NR; r++) {                                                               \
-                const float s = scale[r * G + cg[c]];                                                    \
                 PREPARE##_TAIL(row + r * stride + c * (ROW_BYTES));                                      \
                 __m256i d = PLANES_DOT256_VNNI(wt, SIGNED##_TAIL, xq, xl);                               \
-                out[r] += s * dx[c] * hsum(_mm256_cvtepi32_ps(d));                                       \
+                out[r] += dx[c] * hsum(_mm256_mul_ps(_mm256_cvtepi32_ps(d), chunk_scales(scale + r * G, cg, c, group))); \
             }                                                                                            \
         }                                                                                                \
     }

@@ -48,6 +48,7 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
 constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
+constexpr int64_t HALF_CHUNK = 16;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
 // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
 constexpr int64_t LAYER_WORDS = 2 + 4 * 9 + 4 + 4 + 1;
 constexpr int64_t LAYER_ROPE_WORD = 43, LAYER_TABLE_WORD = 45;
@@ -74,7 +75,7 @@ struct Shape {
 };
 
 // x [M <= MAX_ROWS, K] float32; codes [N, K / codes_per_byte]; scale (and offset) [N, ceil(K / group)];
-// K and group multiples of CHUNK.
+// K and group multiples of CHUNK (INT8: or groups of HALF_CHUNK).
 Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes, at::ScalarType code_type,
                    int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
     check(op, "x", x, at::kFloat, 2);
@@ -82,8 +83,10 @@ Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes,
     check(op, "scale", scale, at::kFloat, 2);
     const Shape s{x.size(0), codes.size(0), x.size(1)};
     TORCH_CHECK(s.M >= 1 && s.M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", s.M);
-    TORCH_CHECK(s.K % CHUNK == 0 && group > 0 && group % CHUNK == 0, op, ": K (", s.K, ") and group (", group,
-                ") must be positive multiples of ", CHUNK);
+    const bool half_groups = codes_per_byte == 1 && group == HALF_CHUNK;  // INT8 only: two scales a chunk
+    TORCH_CHECK(s.K % CHUNK == 0 && group > 0 && (group % CHUNK == 0 || half_groups), op, ": K (", s.K,
+                ") and group (", group, ") must be positive multiples of ", CHUNK,
+                codes_per_byte == 1 ? " (or a group of 16)" : "");
     check_size(op, "codes", codes, 1, s.K / codes_per_byte);
     const int64_t groups = (s.K + group - 1) / group;
     check_size(op, "scale", scale, 0, s.N);

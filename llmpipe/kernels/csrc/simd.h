@@ -5,6 +5,8 @@
 #include <stdint.h>
 
 #define MAX_ROWS 8 /* activation rows per call (the caller splits larger batches) */
+/* The one weight group narrower than a 32-element chunk: INT8 only, two scales a chunk (GGUF Q6_K). */
+#define HALF_GROUP 16
 
 /* Weight groups of a K-wide row: the last may be narrower than `group`. */
 static inline int64_t num_groups(int64_t K, int64_t group) { return (K + group - 1) / group; }
