@@ -80,6 +80,23 @@ def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
     assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS[:1])
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa"])
+def test_long_contexts_split_attention_over_the_threads(tiny_checkpoint, name, threads):
+    """Past 256 positions, KV heads that do not share out over the threads (1 or 2 heads on 2 or 3
+    threads) split their positions, one part per thread, merged by their softmax maxima and sums:
+    the layer-by-layer path's attention to float32 rounding."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        llm = LLM(str(tiny_checkpoint(name)), progress=False)
+        long_prompt = {"prompt_token_ids": [(7 * i) % 300 + 1 for i in range(300)]}
+        assert_matches_layered(llm, atol=2e-5, prompts=[long_prompt])
+        assert_matches_layered(llm, atol=2e-5, prompts=[long_prompt, PROMPTS[1]])  # one split, one too short
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("quantization", ["int4", "int8"])
 def test_quantized_model_matches_layer_by_layer(quantizable_checkpoint, quantization):
     """INT4 / INT8 weights with float activations: the same row kernels as the per-op path; a batch

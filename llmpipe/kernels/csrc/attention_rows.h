@@ -26,8 +26,8 @@ static inline __m256 exp_nonpositive(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(two_n));
 }
 
-/* p[0..L) = softmax(p[0..L)) in place. */
-static inline void softmax_in_place(float *p, int64_t L) {
+/* p[0..L) = e^(p - top) in place, top = max p (-inf where L = 0) into *top_out; returns their sum. */
+static inline float exp_in_place(float *p, int64_t L, float *top_out) {
     float top = -INFINITY, total = 0;
     for (int64_t t = 0; t < L; t++) top = p[t] > top ? p[t] : top;
     const __m256 shift = _mm256_set1_ps(top);
@@ -45,9 +45,15 @@ static inline void softmax_in_place(float *p, int64_t L) {
         _mm256_storeu_ps(rest, e);
         for (int64_t i = 0; i < L - t; i++) total += (p[t + i] = rest[i]);
     }
-    total += hsum(sums);
-    const float inv = 1.0f / total;
-    for (t = 0; t < L; t++) p[t] *= inv;
+    *top_out = top;
+    return total + hsum(sums);
+}
+
+/* p[0..L) = softmax(p[0..L)) in place. */
+static inline void softmax_in_place(float *p, int64_t L) {
+    float top;
+    const float inv = 1.0f / exp_in_place(p, L, &top);
+    for (int64_t t = 0; t < L; t++) p[t] *= inv;
 }
 
 /* Position `pos`'s row in a paged cache (K or V base `cache`): the block from the table, then the offset. */
@@ -56,37 +62,55 @@ static inline const float *cached_row(const float *cache, const int64_t *table, 
     return cache + table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
 }
 
-/* p[h * L + t] = scale * <q_h, k_t> for HEADS (1..8, a literal) heads at once: one independent FMA chain
- * per head over k_t, which is read once for all of them. */
+/* p[h * L + t] = scale * <q_h, k_t> for HEADS (1..8, a literal) heads at once, k_t read once for all of
+ * them. Up to four heads take two FMA chains each (even and odd 8-lane strips of the dimensions): one
+ * chain a head waits on FMA latency at every step; more heads already interleave enough chains. */
 static inline __attribute__((always_inline)) void head_scores(const float *q, const float *k, const int HEADS, int64_t D,
                                                               float scale, float *p, int64_t L, int64_t t) {
-    __m256 acc[8];
-    for (int h = 0; h < HEADS; h++) acc[h] = _mm256_setzero_ps();
-    for (int64_t d = 0; d < D; d += 8) {
+    __m256 acc[8], odd[8];
+    for (int h = 0; h < HEADS; h++) acc[h] = odd[h] = _mm256_setzero_ps();
+    int64_t d = 0;
+    if (HEADS <= 4)
+        for (; d + 16 <= D; d += 16) {
+            const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + d + 8);
+            for (int h = 0; h < HEADS; h++) {
+                acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), k0, acc[h]);
+                odd[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d + 8), k1, odd[h]);
+            }
+        }
+    for (; d < D; d += 8) {
         const __m256 kd = _mm256_loadu_ps(k + d);
         for (int h = 0; h < HEADS; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), kd, acc[h]);
     }
-    for (int h = 0; h < HEADS; h++) p[h * L + t] = hsum(acc[h]) * scale;
+    for (int h = 0; h < HEADS; h++) p[h * L + t] = hsum(_mm256_add_ps(acc[h], odd[h])) * scale;
 }
 
-/* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. Scores, then a
- * softmax per head, then the weighted values 64 dimensions at a time in registers. Positions are walked
- * block by block (one division per block, not per position). */
-static void attend(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
-                   int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
-                   int64_t D, float scale, float *p, float *out) {
-    for (int64_t t = 0; t < L;) {
-        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t;
-        const float *k = cached_row(keys, table, pos, block_size, token_stride, block_stride);
-        for (int64_t j = 0; j < run; j++, t++, k += token_stride)
-            for (int64_t h0 = 0; h0 < group; h0 += 8) {
-                const int64_t heads = group - h0 < 8 ? group - h0 : 8;
-#define SCORES(HEADS) head_scores(q + h0 * D, k, HEADS, D, scale, p + h0 * L, L, t)
-                FOR_ROWS(heads, SCORES)
-#undef SCORES
-            }
+/* The positions [first, first + L) of a paged cache, block by block (one division per block, not per
+ * position): BODY runs with `row` at each position's row (plus `offset` floats) and t its index. */
+#define FOR_POSITIONS(cache, offset, BODY)                                                                      \
+    for (int64_t t = 0; t < L;) {                                                                               \
+        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t; \
+        const float *row = cached_row(cache, table, pos, block_size, token_stride, block_stride) + (offset);    \
+        for (int64_t j = 0; j < run; j++, t++, row += token_stride) { BODY }                                    \
     }
-    for (int64_t h = 0; h < group; h++) softmax_in_place(p + h * L, L);
+
+/* p[h * L + t] = scale * <q_h, k_t> for one KV head's `group` query heads over positions [first, first + L). */
+static void group_scores(const float *q, const float *keys, const int64_t *table, int64_t first, int64_t L,
+                         int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t D,
+                         float scale, float *p) {
+#define SCORES(HEADS) head_scores(q + h0 * D, row, HEADS, D, scale, p + h0 * L, L, t)
+    FOR_POSITIONS(keys, 0,
+        for (int64_t h0 = 0; h0 < group; h0 += 8) {
+            const int64_t heads = group - h0 < 8 ? group - h0 : 8;
+            FOR_ROWS(heads, SCORES)
+        })
+#undef SCORES
+}
+
+/* out[h] = sum_t p[h * L + t] v_t over the same positions, 64 dimensions at a time in registers. */
+static void weighted_values(const float *p, const float *values, const int64_t *table, int64_t first, int64_t L,
+                            int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t D,
+                            float *out) {
     for (int64_t h = 0; h < group; h++) {
         const float *ph = p + h * L;
         for (int64_t strip = 0; strip < D; strip += 64) {
@@ -94,14 +118,9 @@ static void attend(const float *q, const float *keys, const float *values, const
             __m256 acc[8];
             for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
 #define WEIGHTED_VALUES(LANES)                                                                                  \
-    for (int64_t t = 0; t < L;) {                                                                               \
-        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t; \
-        const float *v = cached_row(values, table, pos, block_size, token_stride, block_stride) + strip;       \
-        for (int64_t j = 0; j < run; j++, t++, v += token_stride) {                                             \
-            const __m256 w = _mm256_set1_ps(ph[t]);                                                             \
-            for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);   \
-        }                                                                                                       \
-    }
+    FOR_POSITIONS(values, strip,                                                                                \
+        const __m256 w = _mm256_set1_ps(ph[t]);                                                                 \
+        for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * i), acc[i]);)
             if (lanes == 8) { /* a literal bound: the accumulators stay in registers */
                 WEIGHTED_VALUES(8)
             } else {
@@ -110,6 +129,48 @@ static void attend(const float *q, const float *keys, const float *values, const
 #undef WEIGHTED_VALUES
             for (int i = 0; i < lanes; i++) _mm256_storeu_ps(out + h * D + strip + 8 * i, acc[i]);
         }
+    }
+}
+
+/* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. Scores, then a
+ * softmax per head, then the weighted values. */
+static void attend(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
+                   int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
+                   int64_t D, float scale, float *p, float *out) {
+    group_scores(q, keys, table, first, L, group, block_size, token_stride, block_stride, D, scale, p);
+    for (int64_t h = 0; h < group; h++) softmax_in_place(p + h * L, L);
+    weighted_values(p, values, table, first, L, group, block_size, token_stride, block_stride, D, out);
+}
+
+/* attend over one part of the positions, unnormalized (flash-decoding's split): out[h] = sum_t
+ * e^(s_t - top_h) v_t, stats[2h] = top_h, stats[2h + 1] = sum_t e^(s_t - top_h); merge_parts combines
+ * the parts. L may be 0 (top -inf, sum 0, out 0). */
+static void attend_part(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
+                        int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
+                        int64_t D, float scale, float *p, float *out, float *stats) {
+    group_scores(q, keys, table, first, L, group, block_size, token_stride, block_stride, D, scale, p);
+    for (int64_t h = 0; h < group; h++) stats[2 * h + 1] = exp_in_place(p + h * L, L, stats + 2 * h);
+    weighted_values(p, values, table, first, L, group, block_size, token_stride, block_stride, D, out);
+}
+
+/* out[h] = softmax-weighted values over all P parts of attend_part (part i's at outs + i * group * D,
+ * stats + 2 * i * group): each part rescaled by e^(top_i - top) for the overall top. */
+static void merge_parts(const float *outs, const float *stats, int64_t P, int64_t group, int64_t D, float *out) {
+    for (int64_t h = 0; h < group; h++) {
+        float top = -INFINITY, total = 0;
+        for (int64_t i = 0; i < P; i++) top = stats[2 * (i * group + h)] > top ? stats[2 * (i * group + h)] : top;
+        float *o = out + h * D;
+        memset(o, 0, sizeof(float) * D);
+        for (int64_t i = 0; i < P; i++) {
+            const float *st = stats + 2 * (i * group + h);
+            if (st[1] == 0.0f) continue; /* an empty part */
+            const float w = expf(st[0] - top);
+            total += w * st[1];
+            const float *part = outs + (i * group + h) * D;
+            for (int64_t d = 0; d < D; d++) o[d] += w * part[d];
+        }
+        const float inv = 1.0f / total;
+        for (int64_t d = 0; d < D; d++) o[d] *= inv;
     }
 }
 
