@@ -346,8 +346,8 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             for (int64_t task = 0; task < B * KVH * P; task++) {
                 const int64_t b = task / (KVH * P), kvh = task / P % KVH, part = task % P, len = layer_lens[b];
                 const int64_t start = window > 0 && len > window ? len - window : 0, positions = len - start;
-                const int64_t per = (positions + P - 1) / P, first = start + part * per;
-                const int64_t L = part * per >= positions ? 0 : (positions - part * per < per ? positions - part * per : per);
+                const int64_t per = (positions + P - 1) / P, from = part * per < positions ? part * per : positions;
+                const int64_t first = start + from, L = (from + per < positions ? from + per : positions) - from;
                 float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
                 const float *q = qkv + b * width + kvh * group * D;
                 if (P == 1)

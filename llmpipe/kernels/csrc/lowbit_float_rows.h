@@ -68,7 +68,6 @@ static inline __attribute__((always_inline)) void int4_row(
     for (int m = 0; m < MR; m++) y[m * N + n] = hsum(acc[m]) + off[m];
 }
 
-
 /* int8_row for HALF_GROUP: each 16 weights their own scale. */
 static inline __attribute__((always_inline)) void int8_row_halves(
     const float *x, const int8_t *row, const float *scale, float *y, int64_t n, int64_t N, int64_t K, const int MR) {
