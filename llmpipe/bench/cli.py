@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from llmpipe.cli import ENGINE_FLAGS
+
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks that print ratios against a baseline measured in the same run")
@@ -59,7 +61,9 @@ def add_bench_parser(sub) -> None:
 
     tput = kinds.add_parser("throughput", help="continuous batching vs one at a time vs transformers")
     tput.add_argument("--model", default="smollm2-135m-instruct")
-    tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
+                      help="auto: a GGUF's quantized weights kept as stored (float32 dequantizes them)")
+    tput.add_argument("--activation-quantization", **ENGINE_FLAGS["--activation-quantization"])
     tput.add_argument("--num-prompts", type=int, default=64)
     tput.add_argument("--input-len", type=int, default=128)
     tput.add_argument("--output-len", type=int, default=128)
@@ -68,6 +72,7 @@ def add_bench_parser(sub) -> None:
     tput.add_argument("--sequential-prompts", type=int, default=4, help="how many prompts the one-at-a-time run measures")
     tput.add_argument("--prefix-len", type=int, default=0, help="also measure TTFT with/without a cached prefix")
     tput.add_argument("--no-baseline", action="store_true", help="skip transformers")
+    tput.add_argument("--peer", choices=["llama.cpp"], help="also run llama-batched-bench on the same GGUF (make bench-peers)")
     tput.add_argument("--output", default="bench_results/throughput.json")
     tput.add_argument("--plot", metavar="FILE.png", help="also draw TTFT/ITL, throughput vs batch and the roofline")
     tput.set_defaults(func=_run_throughput)

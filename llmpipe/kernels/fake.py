@@ -36,6 +36,16 @@ def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, g
     return _rows(x, codes.shape[0])
 
 
+@torch.library.register_fake("llmpipe::int4_gemm_dot")
+def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8) -> torch.Tensor:
+    return _rows(x, N)
+
+
+@torch.library.register_fake("llmpipe::int8_gemm_dot")
+def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8) -> torch.Tensor:
+    return _rows(x, N)
+
+
 @torch.library.register_fake("llmpipe::small_batch_linear")
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _rows(x, weight.shape[0])

@@ -57,6 +57,60 @@ def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, g
     return _library().int8_linear_dot(x, codes, scale, group, bits, isa)
 
 
+PANEL = 8  # output rows one panel of the batched kernels interleaves (csrc/lowbit_panels.h)
+
+
+def _panel_quads(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] → [P, K / 32, 8 quads, PANEL rows, 4]: per panel and block, each quad of 4 inputs of
+    every row together (rows past N zero)."""
+    n, k = codes.shape
+    panels = -(-n // PANEL)
+    padded = torch.nn.functional.pad(codes, (0, 0, 0, panels * PANEL - n))
+    return padded.view(panels, PANEL, k // CHUNK, 8, 4).permute(0, 2, 3, 1, 4)
+
+
+def _panel_scales(values: torch.Tensor, k: int, group: int, halves: int) -> torch.Tensor:
+    """values [N, groups] → [P, K / 32, halves * PANEL * 4] bytes: per block, each of its `halves` parts'
+    group value for the panel's rows."""
+    n, blocks = values.shape[0], k // CHUNK
+    panels = -(-n // PANEL)
+    starts = torch.arange(blocks * halves) * (CHUNK // halves)
+    v = torch.nn.functional.pad(values[:, starts // group].float(), (0, 0, 0, panels * PANEL - n))
+    return v.view(panels, PANEL, blocks, halves).permute(0, 2, 3, 1).contiguous().view(torch.uint8).flatten(2)
+
+
+def int4_panels(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
+    """INT4 codes [N, K / 2] (per 32-element chunk: element j in byte j's low nibble, j + 16 in its high
+    one) with scale / offset [N, groups] → the batched kernel's panels [ceil(N / PANEL), K / 32, 192]:
+    per panel and block, 4 vectors of 32 bytes whose byte 4c + t holds row c's element 4j + t (low
+    nibble) and 4j + 16 + t (high), then the 8 rows' scales and offsets of the block's group."""
+    n, k = codes.shape[0], codes.shape[1] * 2
+    chunks = codes.view(n, -1, CHUNK // 2)
+    quads = _panel_quads(torch.stack([chunks & 15, chunks >> 4], dim=2).view(n, k))
+    packed = (quads[:, :, :4] | (quads[:, :, 4:] << 4)).flatten(2)
+    return torch.cat([packed, _panel_scales(scale, k, group, 1), _panel_scales(offset, k, group, 1)], -1).contiguous()
+
+
+def int8_panels(codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    """INT8 codes [N, K] with scale [N, groups] (groups of 16 too) → panels [ceil(N / PANEL), K / 32, 320]:
+    per panel and block, 8 vectors of 32 bytes (byte 4c + t of vector q: row c's element 4q + t), then
+    the rows' scales of elements 0-15 and of 16-31."""
+    k = codes.shape[1]
+    packed = _panel_quads(codes).flatten(2).view(torch.uint8)
+    return torch.cat([packed, _panel_scales(scale, k, group, 2)], -1).contiguous()
+
+
+def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8) -> torch.Tensor:
+    """x [M, K] float32 contiguous (any M) @ the INT4 weight held as int4_panels → [M, n] float32, x
+    quantized to `bits` blocks: the integer-dot row kernels' function, for many rows at once."""
+    return _library().int4_gemm_dot(x, panels, n, bits)
+
+
+def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8) -> torch.Tensor:
+    """As int4_gemm_dot, for the INT8 weight held as int8_panels."""
+    return _library().int8_gemm_dot(x, panels, n, bits)
+
+
 def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float32 → (codes [M, K] as float, integers in [-L, L]; scales [M, K / 32]) with L =
     LEVELS[bits]: per block of 32, scale = max|x| / L and code = round-half-even(x * (L / max|x|)), the

@@ -4,7 +4,9 @@ Decode (up to KERNEL_MAX_BATCH rows) runs the fused dequantize-matmul kernels of
 `llmpipe.quant.kernels`, which read 4 or 8 bits per weight instead of 32 — decode is bound by
 those bytes. Larger batches (prefill) are compute-bound: they dequantize the weight and run the
 float GEMM. Either way the result is the float model's with the dequantized weight, to float32
-rounding.
+rounding. With activation quantization (integer dots), batches of 2 or more rows take the panel
+kernels instead (`kernels.int4_gemm_dot` / `int8_gemm_dot`): the same function as the row
+kernels', every weight byte read once for a batch and used for four rows at a time.
 
 Stacked layers (q/k/v, gate/up) receive their checkpoint tensors one shard at a time; quantized
 rows are staged until every shard has arrived and then packed once.
@@ -31,6 +33,15 @@ KERNEL_MAX_BATCH = 32
 # tok/s codes vs float copy: 8 rows 104 vs 101, 16 rows 104 vs 119, 32 rows 106 vs 209; a
 # 128-token prefill 445 vs 270 ms).
 FLOAT_BATCH_MIN_ROWS = 16
+# With activation quantization, batches of PANEL_MIN_ROWS or more take the panel kernels (INT8
+# weights with 8-bit blocks only: with 16, two planes of signed products cost the panels as much as
+# the row kernels). SmolLM2's gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 /
+# 2048 rows: panels 87 / 105 / 106 / 97 with 16-bit blocks, 150 / 181 / 180 / 186 with 8-bit; the
+# row kernels (16-bit) 35 / 42 / - / -; dequantize + float GEMM 2 / 24 / 87 / 88.
+PANEL_MIN_ROWS = 2
+# Batches the integer-dot kernels take, per activation bits (None: any): past it (long prefill
+# chunks) the float GEMM on the dequantized weight runs as fast as 16-bit panels, and is exact.
+PANEL_MAX_ROWS = {16: 256, 8: None}
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -69,6 +80,8 @@ class QuantizedLinear(nn.Module):
         # the float GEMM, as the exact path.
         self.quantized_prefill = False
         self.float_weight: torch.Tensor | None = None  # kernel_weight() kept, for batches (keep_float_copy)
+        # the codes as the batched kernels' panels (kernels.int4_panels / int8_panels), made on first use
+        self.register_buffer("panels", None, persistent=False)
 
     def keep_float_copy(self) -> None:
         """Keep the weight dequantized too: batches of FLOAT_BATCH_MIN_ROWS rows or more use it."""
@@ -87,23 +100,50 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.kernel_input(x)
-        # Activation quantization is the decode kernels' numerics: batches past KERNEL_MAX_BATCH rows
-        # (prefill chunks) take the float GEMM as the exact path does, several times faster than
-        # the integer kernel run MAX_ROWS rows at a time, and no less exact.
+        # Float activations: batches past KERNEL_MAX_BATCH rows (prefill chunks) take the float GEMM,
+        # several times faster than the row kernels run MAX_ROWS rows at a time. Activation
+        # quantization: the integer kernels up to PANEL_MAX_ROWS (the panels read each weight once).
         every_row = self.quantized_prefill and self.activation_bits is not None
         if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not every_row:
             return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
-        if (x.shape[0] > KERNEL_MAX_BATCH and not every_row) or x.device.type != "cpu" or not kernels.available():
+        rows = x.shape[0]
+        if not (every_row or rows <= KERNEL_MAX_BATCH or self._dot_takes(rows)) or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-        if wide.shape[0] <= kernels.MAX_ROWS:
+        if self.takes_panels(rows):
+            y = self.panel_kernel(wide)
+        elif wide.shape[0] <= kernels.MAX_ROWS:
             y = self.kernel(wide)
         else:
             y = torch.cat([self.kernel(part) for part in wide.split(kernels.MAX_ROWS)])
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias
+
+    def _dot_takes(self, rows: int) -> bool:
+        """Whether the integer-dot kernels take a batch this big (past the exact kernels' KERNEL_MAX_BATCH)."""
+        if self.activation_bits is None:
+            return False
+        limit = PANEL_MAX_ROWS[self.activation_bits]
+        return limit is None or rows <= limit
+
+    def takes_panels(self, rows: int) -> bool:
+        """Whether a batch of `rows` the kernels take goes to panel_kernel (with activation quantization)."""
+        return self.activation_bits is not None and rows >= PANEL_MIN_ROWS
+
+    def batch_panels(self) -> torch.Tensor:
+        """The weight as the batched kernels' panels (made once, then kept: about as many bytes again as
+        the codes and scales)."""
+        if self.panels is None:
+            self.panels = self.make_panels()
+        return self.panels
+
+    def make_panels(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.padded_in == self.in_features else F.pad(x, (0, self.padded_in - self.in_features))
@@ -154,11 +194,21 @@ class Int8Linear(QuantizedLinear):
         q = torch.cat([s.q for s in shards])
         self.q.copy_(F.pad(q, (0, self.padded_in - q.shape[1])))
         self.scale.copy_(torch.cat([s.scale.reshape(s.q.shape[0], -1) for s in shards]))
+        self.panels = None
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits:
             return kernels.int8_linear_dot(x, self.q, self.scale, self.group_size, self.activation_bits)
         return kernels.int8_linear(x, self.q, self.scale, self.group_size)
+
+    def takes_panels(self, rows: int) -> bool:
+        return self.activation_bits == 8 and rows >= PANEL_MIN_ROWS
+
+    def make_panels(self) -> torch.Tensor:
+        return kernels.int8_panels(self.q, self.scale, self.group_size)
+
+    def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
@@ -191,6 +241,7 @@ class Int4Linear(QuantizedLinear):
         self.offset.copy_(torch.cat([s.offset for s in shards]))
         if shards[0].in_perm is not None:
             self.in_perm = shards[0].in_perm.to(self.codes.device)
+        self.panels = None
 
     def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
         return super().kernel_input(x if self.in_perm is None else x.index_select(1, self.in_perm))
@@ -199,6 +250,12 @@ class Int4Linear(QuantizedLinear):
         if self.activation_bits:
             return kernels.int4_linear_dot(x, self.codes, self.scale, self.offset, self.group_size, self.activation_bits)
         return kernels.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
+
+    def make_panels(self) -> torch.Tensor:
+        return kernels.int4_panels(self.codes, self.scale, self.offset, self.group_size)
+
+    def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int4_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         codes, scale, offset = (self.codes, self.scale, self.offset) if rows is None else (

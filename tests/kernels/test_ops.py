@@ -130,8 +130,8 @@ def test_the_decode_step_refuses_a_descriptor_table_of_another_layout_or_out_of_
                        torch.randn(1, 1, 16), torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, 1, dtype=torch.int64),
                        torch.ones(1, 1, dtype=torch.int64), [64, 4, 2, 16, 8, 4], 1e-6, 0.25)
 
-    assert "descriptors must have size 47 in dimension 1" in step(torch.zeros(2, 39, dtype=torch.int64))
-    words = torch.zeros(2, 47, dtype=torch.int64)
+    assert "descriptors must have size 51 in dimension 1" in step(torch.zeros(2, 39, dtype=torch.int64))
+    words = torch.zeros(2, 51, dtype=torch.int64)
     words[1, TABLE_WORD] = 1  # a second block-table set, where one was passed
     assert "layer 1 names RoPE table 0 of 1 and block-table set 1 of 1" in step(words)
     words[1, TABLE_WORD], words[0, TABLE_WORD - 2] = 0, 2  # RoPE table 2 of 1

@@ -117,10 +117,14 @@ def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_c
     close to it as the layered path is, and greedy tokens the same up to a near tie (margin < 0.2)."""
     path = str(quantizable_checkpoint)
     exact = LLM(path, quantization=quantization, activation_quantization=None, progress=False)
-    exact_tokens, exact_dists, _ = run(exact, False, PROMPTS)
     q8 = LLM(path, quantization=quantization, activation_quantization=activations, progress=False)
-    fused_tokens, fused_dists, calls = run(q8, True, PROMPTS)
-    _, layered_dists, _ = run(q8, False, PROMPTS)
+    assert_as_close_to_exact_as_layered(q8, exact, PROMPTS)
+
+
+def assert_as_close_to_exact_as_layered(q8: LLM, exact: LLM, prompts: list[dict]) -> None:
+    exact_tokens, exact_dists, _ = run(exact, False, prompts)
+    fused_tokens, fused_dists, calls = run(q8, True, prompts)
+    _, layered_dists, _ = run(q8, False, prompts)
     assert calls > 0
     for ours, exact, ours_dist, exact_dist, layered_dist in zip(fused_tokens, exact_tokens, fused_dists, exact_dists, layered_dists):
         same = next((i for i, (a, b) in enumerate(zip(ours, exact)) if a != b), len(ours))
@@ -130,6 +134,17 @@ def test_quantized_activations_as_close_to_exact_as_layer_by_layer(quantizable_c
         fused_error = (ours_dist[: same + 1] - exact_dist[: same + 1]).abs().mean()
         layered_error = (layered_dist[: same + 1] - exact_dist[: same + 1]).abs().mean()
         assert fused_error <= 2 * layered_error + 1e-3, (fused_error, layered_error)
+
+
+def test_batches_past_the_row_kernels_take_the_fused_step_on_panels(quantizable_checkpoint):
+    """40 streams (past KERNEL_MAX_BATCH, the row kernels' widest batch): the fused step runs them on
+    every weight's panels, as close to the exact model as the layered path."""
+    path = str(quantizable_checkpoint)
+    exact = LLM(path, quantization="int4", activation_quantization=None, progress=False)
+    q16 = LLM(path, quantization="int4", activation_quantization="int16", progress=False)
+    prompts = [{"prompt_token_ids": [i + 1, 2 * i + 3, 5, i + 7]} for i in range(40)]
+    assert_as_close_to_exact_as_layered(q16, exact, prompts)
+    assert q16.engine.model.model.decode_step().max_batch >= len(prompts)
 
 
 def with_half_group_down_projections(llm: LLM) -> LLM:

@@ -9,7 +9,7 @@ import torch
 from llmpipe import LLM, SamplingParams
 from llmpipe.quant import kernels
 from llmpipe.quant.apply import quantize_prefill
-from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
+from llmpipe.quant.linear import PANEL_MAX_ROWS, Int4Linear, Int8Linear, QuantizedLinear
 
 pytestmark = pytest.mark.skipif(not kernels.dot_available(), reason="needs AVX2 + FMA and a C compiler")
 SHAPES = [(96, 64), (50, 576), (64, 96), (33, 1536), (40, 160)]  # K = 96, 160: odd chunk counts; 576 at g128: a narrow last group
@@ -37,6 +37,59 @@ def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
         x = layer.kernel_input(torch.randn(rows, in_features))
         got = kernels.int4_linear_dot(x, layer.codes, layer.scale, layer.offset, group, bits, isa)
         assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
+
+
+@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_int4_panel_kernel_equals_its_reference(shape, group, bits):
+    """Any row count (tiles of four and the 1-3 left over), output rows that do not fill the last panel."""
+    out_features, in_features = shape
+    torch.manual_seed(out_features + group)
+    layer = Int4Linear(in_features, out_features, False, group)
+    layer.load_shard(None, torch.randn(out_features, in_features))
+    panels = layer.batch_panels()
+    assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 192)
+    for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
+        x = layer.kernel_input(torch.randn(rows, in_features))
+        got = kernels.int4_gemm_dot(x, panels, out_features, bits)
+        assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
+
+
+@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_int8_panel_kernel_equals_its_reference(shape, group, bits):
+    out_features, in_features = shape
+    torch.manual_seed(out_features)
+    layer = Int8Linear(in_features, out_features, False, group)
+    layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))  # -128 too: |w| must not overflow
+    layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
+    panels = layer.batch_panels()
+    assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 320)
+    for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
+        x = layer.kernel_input(torch.randn(rows, in_features))
+        got = kernels.int8_gemm_dot(x, panels, out_features, bits)
+        assert_close(got, kernels.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
+
+
+def test_int4_batches_take_the_panels_from_two_rows():
+    """A batch of 2 or more rows with activation quantization goes to the panel kernel (the row kernels
+    then never run), one row to the batch-1 kernels; the result is the reference's either way."""
+    torch.manual_seed(0)
+    layer = Int4Linear(160, 40, True, 32)
+    layer.load_shard(None, torch.randn(40, 160))
+    layer.bias.data.normal_()
+    layer.activation_bits = 16
+    row_calls = []
+    layer.kernel = lambda x: row_calls.append(x.shape[0]) or Int4Linear.kernel(layer, x)
+    for rows in (1, 2, 9, 32):
+        x = torch.randn(rows, 160)
+        assert_close(layer(x), reference_forward(layer, x, 16).double())
+    assert row_calls == [1]
+    pack_again = layer.panels
+    layer.load_shard(None, torch.randn(40, 160))  # new weights: new panels
+    assert layer.panels is None and not torch.equal(layer.batch_panels(), pack_again)
 
 
 @pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
@@ -125,13 +178,21 @@ def test_quantized_activations_reach_every_quantized_layer_in_prefill_and_decode
     assert not torch.allclose(exact.engine.model.lm_head(x), calls["lm_head"][0][1], atol=1e-6)  # numerics did change
 
 
-def test_prefill_takes_the_float_gemm_unless_asked(tiny_checkpoint):
-    """Past KERNEL_MAX_BATCH rows a layer with quantized activations computes the exact product (the
-    float GEMM), as a layer with float activations does; at decode sizes the integer kernel."""
-    llm = LLM(str(tiny_checkpoint("llama_gqa")), progress=False, quantization="int4", group_size=32,
-              activation_quantization="int8")
-    layer = llm.engine.model.lm_head
-    x = torch.randn(50, layer.in_features)
-    exact = x.double() @ layer.dequantize().double().T
-    assert ((layer(x).double() - exact).norm() / exact.norm()).item() < 1e-5
-    assert ((layer(x[:3]).double() - exact[:3]).norm() / exact[:3].norm()).item() > 1e-4  # int8 blocks
+def test_long_prefill_chunks_take_the_float_gemm_unless_asked(tiny_checkpoint):
+    """With 16-bit blocks, past PANEL_MAX_ROWS[16] rows a layer computes the exact product (the float
+    GEMM), as a layer with float activations does; up to it (decode batches, short prompts) the integer
+    kernels. With 8-bit blocks the integer kernels take every batch."""
+    path = str(tiny_checkpoint("llama_gqa"))
+    for activations, bits in (("int16", 16), ("int8", 8)):
+        llm = LLM(path, progress=False, quantization="int4", group_size=32, activation_quantization=activations)
+        layer = llm.engine.model.lm_head
+        x = torch.randn(PANEL_MAX_ROWS[16] + 1, layer.in_features)
+        exact = x.double() @ layer.dequantize().double().T
+        for rows in (3, 50, len(x)):
+            out = layer(x[:rows]).double()
+            error = ((out - exact[:rows]).norm() / exact[:rows].norm()).item()
+            if bits == 16 and rows == len(x):
+                assert error < 1e-6
+            else:
+                assert error > 1e-6
+                assert_close(out, reference_forward(layer, x[:rows], bits).double())

@@ -17,6 +17,8 @@
  *   F32:  float [N, K]
  *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
  *   INT8: codes [N, K], scale [N, G]
+ * and, for batches of PANEL_MIN_ROWS or more on the integer-dot path, the same weights as panels
+ * (lowbit_panels.h) where given.
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
  * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
  * (Gemma's 1 + weight, precomputed).
@@ -34,6 +36,7 @@
 #include "attention_rows.h"
 #include "float_rows.h"
 #include "lowbit_float_rows.h"
+#include "lowbit_panels.h"
 #include "lowbit_q8_rows.h"
 
 enum { F32 = 0, INT4 = 1, INT8 = 2 };
@@ -43,6 +46,7 @@ typedef struct {
     const void *weight; /* F32 weights or low-bit codes */
     const float *scale, *offset, *bias; /* offset: INT4 only; bias may be NULL */
     int64_t N, K, group;
+    const uint8_t *panels; /* with bits: the codes also in lowbit_panels.h's panels, for batches (NULL: none) */
 } LinearDesc;
 
 enum { SILU = 0, GELU_TANH = 1 };
@@ -83,8 +87,10 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
 static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
- * four-row functions on the same rows, for the same bits). */
-static void row_range(int64_t N, int64_t *n0, int64_t *n1) { thread_rows(N, 4, n0, n1); }
+ * four-row functions on the same rows, for the same bits); for batches, whole panels. */
+static void row_range(int64_t N, int64_t B, int64_t *n0, int64_t *n1) {
+    thread_rows(N, B >= PANEL_MIN_ROWS ? PANEL : 4, n0, n1);
+}
 
 /* 1 / rms(row) of a K-wide row (K a multiple of 8), as torch.rms_norm takes it in float32. */
 static float inverse_rms(const float *row, int64_t K, float eps) {
@@ -203,9 +209,29 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 DEFINE_DOT_SLICE(dot_slice_avx2, )
 DEFINE_DOT_SLICE(dot_slice_vnni, VNNI)
 
+static void add_bias(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, float *y) {
+    if (w->bias)
+        for (int64_t m = 0; m < B; m++)
+            for (int64_t n = n0; n < n1; n++) y[m * (n1 - n0) + n - n0] += w->bias[n];
+}
+
+/* The panels' slice: every row of the batch at once, each panel's codes read once. */
+static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    const int planes = w->bits == 16 ? 2 : 1;
+    quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum); /* sums per block: the panels' offsets are */
+    WITH_PANEL_KIND(w->kind == INT4 ? PANEL_INT4 : PANEL_INT8,
+                    WITH_PLANES(planes, panel_rows(KIND, w->panels, n0 / PANEL, (n1 + PANEL - 1) / PANEL, s->qx, w->K,
+                                                   B * w->K, s->dx, s->xsum, B, n1, w->K, s->y, n1 - n0, n0, PL);););
+}
+
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
 static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     if (n0 >= n1) return;
+    if (w->panels && w->bits && B >= PANEL_MIN_ROWS && n0 % PANEL == 0) {
+        panel_slice(w, x, B, n0, n1, s);
+        add_bias(w, B, n0, n1, s->y);
+        return;
+    }
     /* The row kernels take up to MAX_ROWS activation rows: a larger batch goes MAX_ROWS at a time (as
      * the per-op path splits it), each run into its own rows of s->y. */
     float *const y = s->y;
@@ -228,15 +254,13 @@ static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t
         }
     }
     s->y = y;
-    if (w->bias)
-        for (int64_t m = 0; m < B; m++)
-            for (int64_t n = n0; n < n1; n++) s->y[m * (n1 - n0) + n - n0] += w->bias[n];
+    add_bias(w, B, n0, n1, y);
 }
 
 /* dst[m, n] = (or +=) w · x for this thread's rows of w. */
 static void linear_into(const LinearDesc *w, const float *x, int64_t B, float *dst, int64_t ld, int add, Scratch *s) {
     int64_t n0, n1;
-    row_range(w->N, &n0, &n1);
+    row_range(w->N, B, &n0, &n1);
     linear_slice(w, x, B, n0, n1, s);
     for (int64_t m = 0; m < B; m++)
         for (int64_t n = n0; n < n1; n++) {
@@ -256,7 +280,7 @@ static inline float gelu_tanh(float x) {
 static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64_t B, float *act, Scratch *s) {
     const int64_t I = w->N / 2;
     int64_t n0, n1;
-    row_range(I, &n0, &n1);
+    row_range(I, B, &n0, &n1);
     if (n0 >= n1) return;
     const int64_t width = n1 - n0;
     linear_slice(w, x, B, n0, n1, s);

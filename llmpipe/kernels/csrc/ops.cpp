@@ -26,6 +26,9 @@ void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, c
                      int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa);
 void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N,
                      int64_t K, int64_t group, int64_t bits, int64_t isa);
+// lowbit_gemm.c
+void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits);
+void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits);
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
@@ -48,10 +51,13 @@ namespace {
 
 constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
 constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
-constexpr int64_t HALF_CHUNK = 16;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
+constexpr int64_t HALF_CHUNK = 16;
+constexpr int64_t PANEL = 8;  // lowbit_panels.h: a panel's rows, and its bytes per 32 inputs
+constexpr int64_t INT4_PANEL_BYTES = 128 + 2 * PANEL * 4, INT8_PANEL_BYTES = 256 + 2 * PANEL * 4;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
 // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
-constexpr int64_t LAYER_WORDS = 2 + 4 * 9 + 4 + 4 + 1;
-constexpr int64_t LAYER_ROPE_WORD = 43, LAYER_TABLE_WORD = 45;
+constexpr int64_t LINEAR_WORDS = 10;
+constexpr int64_t LAYER_WORDS = 2 + 4 * LINEAR_WORDS + 4 + 4 + 1;
+constexpr int64_t LAYER_ROPE_WORD = 2 + 4 * LINEAR_WORDS + 4 + 1, LAYER_TABLE_WORD = LAYER_ROPE_WORD + 2;
 
 constexpr int64_t ANY_RANK = -1;
 
@@ -144,6 +150,36 @@ at::Tensor int8_linear_dot(const at::Tensor &x, const at::Tensor &codes, const a
 }
 
 int64_t has_vnni() { return kernels::has_vnni(); }
+
+// x [M >= 1, K] float32 @ a weight [N, K] held as panels [ceil(N / PANEL), K / CHUNK, block_bytes].
+at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits,
+                    int64_t block_bytes) {
+    check(op, "x", x, at::kFloat, 2);
+    check(op, "panels", panels, at::kByte, 3);
+    check_bits(op, bits);
+    const int64_t M = x.size(0), K = x.size(1);
+    TORCH_CHECK(M >= 1, op, ": x must have at least one row");
+    TORCH_CHECK(K % CHUNK == 0, op, ": K must be a multiple of ", CHUNK, ", got ", K);
+    TORCH_CHECK(N >= 1, op, ": N must be positive, got ", N);
+    check_size(op, "panels", panels, 0, (N + PANEL - 1) / PANEL);
+    check_size(op, "panels", panels, 1, K / CHUNK);
+    check_size(op, "panels", panels, 2, block_bytes);
+    return float_empty(M, N);
+}
+
+at::Tensor int4_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits) {
+    at::Tensor y = gemm_dot("int4_gemm_dot", x, panels, N, bits, INT4_PANEL_BYTES);
+    kernels::int4_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+                           x.size(0), N, x.size(1), bits);
+    return y;
+}
+
+at::Tensor int8_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits) {
+    at::Tensor y = gemm_dot("int8_gemm_dot", x, panels, N, bits, INT8_PANEL_BYTES);
+    kernels::int8_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+                           x.size(0), N, x.size(1), bits);
+    return y;
+}
 
 // x [M, K] (any strides: copied when not contiguous) @ weight [N, K].T, 1 <= M <= MAX_ROWS, K % 16 == 0.
 at::Tensor small_batch_linear(const at::Tensor &x_in, const at::Tensor &weight) {
@@ -290,6 +326,8 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor");
     m.def("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor");
     m.def("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor");
+    m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8) -> Tensor");
+    m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
@@ -305,6 +343,8 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("int8_linear", &int8_linear);
     m.impl("int4_linear_dot", &int4_linear_dot);
     m.impl("int8_linear_dot", &int8_linear_dot);
+    m.impl("int4_gemm_dot", &int4_gemm_dot);
+    m.impl("int8_gemm_dot", &int8_gemm_dot);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);
     m.impl("rope_write_decode_attention", &rope_write_decode_attention);

@@ -27,15 +27,19 @@ from llmpipe.kernels.build import library as _library
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, Int4Linear, Int8Linear
+from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
 # Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
 # (above it, dequantizing once for a GEMM wins); float32 weights only up to MAX_ROWS, beyond which
 # MKL's GEMM, reading each weight once for every row, beats re-reading them per run of MAX_ROWS.
 MAX_BATCH = KERNEL_MAX_BATCH
+# With activation quantization on every linear (panels: each weight read once a step for the whole
+# batch, as a GEMM reads it; INT8 with 16-bit blocks: the row kernels, as the per-op path runs them),
+# the step takes batches up to this.
+PANEL_MAX_BATCH = 256
 F32, INT4, INT8 = 0, 1, 2
-LINEAR_SLOTS = 9  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group
+LINEAR_SLOTS = 10  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
 ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}  # csrc SILU, GELU_TANH
 TABLE_WORD = 2 + 4 * LINEAR_SLOTS + 4 + 3  # csrc LayerDesc.table: the layer's block-table set, set per step
 
@@ -53,17 +57,18 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         w = module.weight
         if w.dtype != torch.float32 or not w.is_contiguous() or w.shape[1] % 16:
             return None
-        return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1]]
+        return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0]
     if not isinstance(module, (Int4Linear, Int8Linear)) or module.padded_in != module.in_features:
         return None
     bits = module.activation_bits or 0
+    panels = module.batch_panels() if module.takes_panels(PANEL_MIN_ROWS) else None  # batches: each weight read once
     if isinstance(module, Int4Linear):
         if module.in_perm is not None:
             return None
         return [INT4, bits, module.codes.data_ptr(), module.scale.data_ptr(), module.offset.data_ptr(), _ptr(bias),
-                module.out_features, module.in_features, module.group_size]
+                module.out_features, module.in_features, module.group_size, _ptr(panels)]
     return [INT8, bits, module.q.data_ptr(), module.scale.data_ptr(), 0, _ptr(bias), module.out_features,
-            module.in_features, module.group_size]
+            module.in_features, module.group_size, _ptr(panels)]
 
 
 def norm_multiplier(norm: nn.Module | None, eps: float) -> torch.Tensor | None:
@@ -102,8 +107,9 @@ class LlamaDecodeStep:
     def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor],
                  float_copies: bool = False):
         self.tensors = tensors  # every tensor whose address layer_slots holds, kept alive with them
-        has_float = any(slots[2 + LINEAR_SLOTS * i] == F32 for slots in layer_slots for i in range(4))
-        self.max_batch = MAX_ROWS if has_float else MAX_BATCH
+        linears = [slots[2 + LINEAR_SLOTS * i:2 + LINEAR_SLOTS * (i + 1)] for slots in layer_slots for i in range(4)]
+        has_float, all_dot = any(w[0] == F32 for w in linears), all(w[1] for w in linears)  # kind, bits
+        self.max_batch = MAX_ROWS if has_float else PANEL_MAX_BATCH if all_dot else MAX_BATCH
         if float_copies:  # from FLOAT_BATCH_MIN_ROWS rows the layers' float copies are faster
             self.max_batch = min(self.max_batch, FLOAT_BATCH_MIN_ROWS - 1)
         self.eps, self.scale = cfg.rms_norm_eps, scale
@@ -130,10 +136,10 @@ class LlamaDecodeStep:
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:
-        """A decode-only batch of 1..MAX_BATCH float32 rows on CPU in every layer's metadata."""
+        """A decode-only batch of float32 rows on CPU in every layer's metadata."""
         rows = x.shape[0]
         return (
-            x.dtype == torch.float32 and x.device.type == "cpu" and 1 <= rows <= MAX_BATCH
+            x.dtype == torch.float32 and x.device.type == "cpu" and rows >= 1
             and cos.dtype == torch.float32 and cos.is_contiguous()
             and all(not m.prefills and m.num_decodes == rows and m.slot_mapping.dtype == torch.int64
                     and m.decode_block_tables.dtype == torch.int64 and m.decode_block_tables.is_contiguous()
@@ -141,8 +147,9 @@ class LlamaDecodeStep:
         )
 
     def takes(self, rows: int, kv_caches: list) -> bool:
-        """This many rows (MAX_ROWS at most where a weight is float32), and float32 CPU caches of this
-        model's head shape (not quantized ones)."""
+        """This many rows (MAX_ROWS at most where a weight is float32, PANEL_MAX_BATCH where every
+        weight meets quantized activations, else MAX_BATCH), and float32 CPU caches of this model's
+        head shape (not quantized ones)."""
         return rows <= self.max_batch and self._descriptors_for(kv_caches) is not None
 
     def _descriptors_for(self, kv_caches: list) -> torch.Tensor | None:
