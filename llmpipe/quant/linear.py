@@ -34,8 +34,8 @@ KERNEL_MAX_BATCH = 32
 # 128-token prefill 445 vs 270 ms).
 FLOAT_BATCH_MIN_ROWS = 16
 # With activation quantization, batches of PANEL_MIN_ROWS or more take the panel kernels (INT8
-# weights with 8-bit blocks only: with 16, two planes of signed products cost the panels as much as
-# the row kernels). SmolLM2's gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 /
+# weights with 16-bit blocks as int16 multiply-adds: the LM head, 49152 x 576, 103-106 GFLOP/s at
+# 16-32 rows against the row kernels' 60-76). SmolLM2's gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 /
 # 2048 rows: panels 87 / 105 / 106 / 97 with 16-bit blocks, 150 / 181 / 180 / 186 with 8-bit; the
 # row kernels (16-bit) 35 / 42 / - / -; dequantize + float GEMM 2 / 24 / 87 / 88.
 PANEL_MIN_ROWS = 2
@@ -200,9 +200,6 @@ class Int8Linear(QuantizedLinear):
         if self.activation_bits:
             return kernels.int8_linear_dot(x, self.q, self.scale, self.group_size, self.activation_bits)
         return kernels.int8_linear(x, self.q, self.scale, self.group_size)
-
-    def takes_panels(self, rows: int) -> bool:
-        return self.activation_bits == 8 and rows >= PANEL_MIN_ROWS
 
     def make_panels(self) -> torch.Tensor:
         return kernels.int8_panels(self.q, self.scale, self.group_size)

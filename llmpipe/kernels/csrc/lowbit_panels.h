@@ -7,6 +7,9 @@
  *        ones; the rows' 8 scales, the rows' 8 offsets;
  *   INT8 (INT8_PANEL_BYTES): 8 vectors, quads 0..7; the rows' 8 scales of inputs 0-15, the 8 of 16-31
  *        (equal but where the group is 16, GGUF Q6_K's sub-blocks).
+ * INT8 codes meeting 16-bit activations take the codes widened to int16 and the activations as whole
+ * int16 codes (widen_planes): one _mm256_madd_epi16 multiplies 4 inputs of 4 rows, where the two int8
+ * planes would cost a sign trick and two byte multiply-adds per quad.
  */
 #pragma once
 #include <immintrin.h>
@@ -64,6 +67,40 @@ static inline __attribute__((always_inline)) void int8_block_dots(const uint8_t 
     }
 }
 
+/* Activation rows' two int8 planes (high, low) as the int16 codes they hold: out[m * K + k] = 128 * hi + lo. */
+static inline void widen_planes(const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, int64_t M, int64_t K,
+                                int16_t *out) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k += 16) {
+            const int8_t *hi = qx + m * row_bytes + k;
+            const __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)hi));
+            const __m256i l = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(hi + plane_bytes)));
+            _mm256_storeu_si256((__m256i *)(out + m * K + k), _mm256_add_epi16(_mm256_slli_epi16(h, 7), l));
+        }
+}
+
+/* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
+ * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
+ * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */
+static inline __attribute__((always_inline)) void int8_block_dots_wide(const uint8_t *block, const int16_t *x, int64_t K,
+                                                                       __m256i dots[][2], const int MR) {
+    for (int h = 0; h < 2; h++) {
+        __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
+        for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int q = 4 * h; q < 4 * h + 4; q++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));
+            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+            for (int r = 0; r < MR; r++) {
+                const __m256i xq = _mm256_set1_epi64x(*(const int64_t *)(x + r * K + 4 * q));
+                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, xq));
+                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, xq));
+            }
+        }
+        for (int r = 0; r < MR; r++) /* lanes (0 1 4 5 | 2 3 6 7) after the pairwise add: back to row order */
+            dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+    }
+}
+
 /* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
  * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
  * block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */
@@ -79,7 +116,9 @@ static inline __attribute__((always_inline)) void panel_tile(const int kind, con
         const uint8_t *block = panel + b * block_bytes;
         const float *scales = (const float *)(block + code_bytes);
         __m256i dots[GEMM_ROWS][2];
-        for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
+        if (kind == PANEL_INT8 && PL == 2)
+            int8_block_dots_wide(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
+        else for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
             const __m256i pair_weight = PL == 2 && pl == 0 ? HIGH16 : ONES16;
             const int8_t *x = qx + pl * plane_bytes + b * BLOCK;
             __m256i d[GEMM_ROWS][2];
