@@ -33,11 +33,11 @@ KERNEL_MAX_BATCH = 32
 # tok/s codes vs float copy: 8 rows 104 vs 101, 16 rows 104 vs 119, 32 rows 106 vs 209; a
 # 128-token prefill 445 vs 270 ms).
 FLOAT_BATCH_MIN_ROWS = 16
-# With activation quantization, batches of PANEL_MIN_ROWS or more take the panel kernels (INT8
-# weights with 16-bit blocks as int16 multiply-adds: the LM head, 49152 x 576, 103-106 GFLOP/s at
-# 16-32 rows against the row kernels' 60-76). SmolLM2's gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 /
-# 2048 rows: panels 87 / 105 / 106 / 97 with 16-bit blocks, 150 / 181 / 180 / 186 with 8-bit; the
-# row kernels (16-bit) 35 / 42 / - / -; dequantize + float GEMM 2 / 24 / 87 / 88.
+# With activation quantization, batches of PANEL_MIN_ROWS or more take the panel kernels. SmolLM2's
+# gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 / 2048 rows: panels 87 / 105 /
+# 106 / 97 with 16-bit blocks, 150 / 181 / 180 / 186 with 8-bit; the row kernels (16-bit) 35 / 42 / - /
+# -; dequantize + float GEMM 2 / 24 / 87 / 88. Its LM head (INT8, 49152 x 576, 16-bit blocks as int16
+# multiply-adds) at 16 / 32 rows: panels 103 / 106, row kernels 60 / 76.
 PANEL_MIN_ROWS = 2
 # Batches the integer-dot kernels take, per activation bits (None: any): past it (long prefill
 # chunks) the float GEMM on the dequantized weight runs as fast as 16-bit panels, and is exact.
@@ -107,7 +107,8 @@ class QuantizedLinear(nn.Module):
         if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not every_row:
             return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
         rows = x.shape[0]
-        if not (every_row or rows <= KERNEL_MAX_BATCH or self._dot_takes(rows)) or x.device.type != "cpu" or not kernels.available():
+        kernel_rows = every_row or rows <= KERNEL_MAX_BATCH or self._dot_takes(rows)
+        if not kernel_rows or x.device.type != "cpu" or not kernels.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
