@@ -39,9 +39,11 @@ FLOAT_BATCH_MIN_ROWS = 16
 # -; dequantize + float GEMM 2 / 24 / 87 / 88. Its LM head (INT8, 49152 x 576, 16-bit blocks as int16
 # multiply-adds) at 16 / 32 rows: panels 103 / 106, row kernels 60 / 76.
 PANEL_MIN_ROWS = 2
-# Batches the integer-dot kernels take, per activation bits (None: any): past it (long prefill
-# chunks) the float GEMM on the dequantized weight runs as fast as 16-bit panels, and is exact.
-PANEL_MAX_ROWS = {16: 256, 8: None}
+# Batches the per-op integer-dot kernels take, per activation bits (None: any). With 16-bit blocks
+# (the default) prefill chunks past KERNEL_MAX_BATCH keep the exact float GEMM, so the default path
+# prefills as the exact one does (its parity with transformers); decode batches past it take the fused
+# step's panels. 8-bit blocks are approximate anyway and take the panels (1.5-2x the float GEMM) always.
+PANEL_MAX_ROWS = {16: KERNEL_MAX_BATCH, 8: None}
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -35,7 +35,7 @@ MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MA
 # MKL's GEMM, reading each weight once for every row, beats re-reading them per run of MAX_ROWS.
 MAX_BATCH = KERNEL_MAX_BATCH
 # With activation quantization on every linear (panels: each weight read once a step for the whole
-# batch, as a GEMM reads it), the step takes batches up to this (the per-op path's PANEL_MAX_ROWS[16]).
+# batch, as a GEMM reads it), the step takes decode batches up to this.
 PANEL_MAX_BATCH = 256
 F32, INT4, INT8 = 0, 1, 2
 LINEAR_SLOTS = 10  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
