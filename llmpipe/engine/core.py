@@ -253,7 +253,7 @@ class EngineCore:
         started = time.perf_counter()
         batch = self.scheduler.schedule(self.step_costs.prefill_budget())
         if batch.empty:
-            if any(not self.structured.is_ready(seq) for seq in self.scheduler.waiting):
+            if batch.num_held:  # as the scheduler saw them: a compile may have finished since
                 self.structured.wait_for_compiles(GRAMMAR_WAIT_S)  # nothing else can run meanwhile
                 return EngineCoreOutputs([], time.perf_counter())
             if self.scheduler.has_work():

@@ -44,6 +44,8 @@ class SchedulerOutput:
     # Block copies (source, destination) the runner makes before the forward: a prefix hit ending
     # inside a block, a forked sample's partial last block.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Waiting sequences passed over because they were not ready (their grammars still compiling).
+    num_held: int = 0
 
     @property
     def empty(self) -> bool:
@@ -102,6 +104,7 @@ class Scheduler:
             out.prefills.append(ScheduledChunk(seq, n))
             budget -= n
         self.waiting.extendleft(reversed(held))
+        out.num_held = len(held)
         out.block_copies = self.blocks.take_block_copies()
         return out
 

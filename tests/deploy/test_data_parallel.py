@@ -27,19 +27,14 @@ from llmpipe.deploy.replica import info_decoder  # noqa: E402
 from llmpipe.deploy.router import make_router  # noqa: E402
 from llmpipe.loader import load_checkpoint  # noqa: E402
 from llmpipe.server.async_engine import AsyncEngine  # noqa: E402
-from tests.server.conftest import live_server, paced  # noqa: E402
+from tests.server.conftest import live_server, paced, wait_until as server_wait_until  # noqa: E402
 
 HANG_GUARD_S = 180.0
 BLOCK = 16
 
 
-def wait_until(condition, what: str, url: str) -> None:
-    """Poll condition back to back, each poll after an HTTP round trip to the server at url (so the
-    wait yields to the server's threads instead of spinning)."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
-        httpx.get(f"{url}/health", timeout=HANG_GUARD_S)
+def wait_until(condition, what: str) -> None:
+    server_wait_until(condition, what, HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")
@@ -151,18 +146,18 @@ def test_a_killed_replica_fails_its_requests_the_other_carries_on_and_it_rejoins
     long = prompts(6, BLOCK)
     with ThreadPoolExecutor(6) as pool:
         running = [pool.submit(stream, url, p, 200, lambda: started.append(1)) for p in long]
-        wait_until(lambda: len(started) == len(long), "every stream's first token", url)
+        wait_until(lambda: len(started) == len(long), "every stream's first token")
         on_victim = client._loads[0]
         assert on_victim > 0 and client._loads[1] > 0
         os.kill(pids[0], signal.SIGKILL)
-        wait_until(lambda: not client._up[0], "the ingress noticing the dead replica", url)
+        wait_until(lambda: not client._up[0], "the ingress noticing the dead replica")
         fresh = complete(url, prompts(1, BLOCK)[0], 4)  # at once, on the replica that is up
         assert fresh.status_code == 200
         results = [f.result(timeout=HANG_GUARD_S) for f in running]
     failed = [error for _, error in results if error is not None]
     assert len(failed) == on_victim and all("replica 0 died" in e for e in failed)
     assert all(tokens == 200 for tokens, error in results if error is None)
-    wait_until(lambda: client._up[0] and client.replica_stats[0] is not None, "replica 0 rejoining", url)
+    wait_until(lambda: client._up[0] and client.replica_stats[0] is not None, "replica 0 rejoining")
     assert info_decoder.decode(client.handles[0].info.remote().result()).pid != pids[0]
     assert complete(url, prompts(1, BLOCK)[0], 4).status_code == 200
 
@@ -176,7 +171,7 @@ def test_the_ray_serve_application_serves_the_same_api_behind_serves_proxy(clust
     app = build_app({"model": tiny_path, "data_parallel_size": 2, "num_threads": 1, "max_num_blocks": 256,
                      "api_key": "secret", "served_model_name": "tiny"})
     serve.run_many([serve.RunTarget(app, name="llmpipe", route_prefix="/")], wait_for_applications_running=False)
-    wait_until(lambda: serve.status().applications["llmpipe"].status == "RUNNING", "the Serve application running", url)
+    wait_until(lambda: serve.status().applications["llmpipe"].status == "RUNNING", "the Serve application running")
     body = {"model": "tiny", "prompt": prompts(1)[0], "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=HANG_GUARD_S).status_code == 401
     auth = {"Authorization": "Bearer secret"}

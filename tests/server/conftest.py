@@ -27,6 +27,15 @@ TINY_MODEL = "tiny"
 # when something happens gets it by construction (a 1,000-token request runs for 50 s), not by
 # hoping the machine is slow.
 STEP_DELAY_S = 0.05
+POLL_S = 0.05  # between a wait's checks: a wait never busy-loops a core that servers, Ray or the other test worker need
+
+
+def wait_until(condition, what: str, timeout: float = 120.0) -> None:
+    """Check `condition()` every POLL_S until it holds; the timeout only guards against a hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(POLL_S)
 
 
 def paced(delay: float = STEP_DELAY_S):

@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from llmpipe import LLM
-from tests.server.conftest import live_server, metric, paced
+from tests.server.conftest import live_server, metric, paced, wait_until
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 
 NUM_DROPPERS = 20
@@ -34,14 +34,6 @@ def url(tiny_path):
     # Small prefill chunks, so a long prompt takes many steps to prefill.
     with live_server(LLM(tiny_path, progress=False, max_num_batched_tokens=64), before_step=paced()) as url:
         yield url
-
-
-def wait_until(condition, what: str, timeout: float = 120.0) -> None:
-    """Poll until `condition()` holds; the timeout only guards against a hang."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
 
 
 def wait_until_idle(url: str) -> None:

@@ -21,18 +21,12 @@ import pytest
 import torch
 import transformers
 
-from tests.server.conftest import core_process_engine, live_server, metric, paced
+from tests.server.conftest import core_process_engine, live_server, metric, paced, wait_until
 from tests.server.references import assert_greedy_matches, hf_greedy
 
 HANG_GUARD_S = 120.0
 PROMPTS = [[1, 5, 9, 13], [1, 200, 17], [1, 42, 43, 44, 45, 46, 47], [1, 300]]
 STEPS = 24
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
 
 
 def free_port() -> int:

@@ -223,6 +223,31 @@ def test_a_request_waits_in_the_queue_while_its_grammar_compiles(llm):
     assert re.fullmatch("[a-z]{3}", llm.get_tokenizer().decode(tokens))
 
 
+class DoneAfterFirstLook(Future):
+    """A compile that finishes right after the scheduler looked at it (it answers not done once)."""
+
+    looked = False
+
+    def done(self) -> bool:
+        looked, self.looked = self.looked, True
+        return looked and super().done()
+
+
+def test_a_compile_finishing_after_the_scheduler_looked_is_no_stall_error(llm):
+    """The step trusts what the scheduler saw: a request held for its grammar, its compile done a moment
+    later, is a wait — not "the scheduler made no progress" (which failed a server test under load)."""
+    core = llm.engine.core
+    core.add_request(EngineCoreRequest("racing", [5, 6, 7], constrained(regex="[a-z]{3}")))
+    finishing = DoneAfterFirstLook()
+    finishing.set_result(core.structured._requests["racing"].result())
+    core.structured._requests["racing"] = finishing
+    assert core.step().outputs == []
+    tokens = []
+    while core.has_unfinished_requests():
+        tokens += [t for o in core.step().outputs for t in o.new_token_ids]
+    assert re.fullmatch("[a-z]{3}", llm.get_tokenizer().decode(tokens))
+
+
 def test_structured_outputs_survive_the_core_process_boundary():
     params = constrained(n=2, json={"type": "object", "properties": {"a": {"type": "integer"}}},
                          disable_any_whitespace=True)
