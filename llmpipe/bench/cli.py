@@ -21,7 +21,7 @@ def add_bench_parser(sub) -> None:
         nargs="+",
         default=["float32", "bfloat16", "int8", "int4", "gguf", "float32 no-kv-cache"],
         help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (Q4/Q8 kept as stored), "
-             "'gguf int8-act' / 'gguf int16-act' (the same with 8- / 16-bit activations: integer dot products), kv-int8, kv-int4, 'float32 no-kv-cache'",
+             "'gguf int8-act' / 'gguf int16-act' (the same with 8- / 16-bit activations: integer dot products), kv-int8, kv-int4, 'gguf kv-int8', 'float32 no-kv-cache'",
     )
     latency.add_argument("--quantization", choices=["int8", "int4"], default=None, help="add a variant with these weights")
     latency.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128])
@@ -41,6 +41,9 @@ def add_bench_parser(sub) -> None:
     latency.add_argument("--no-baseline", action="store_true", help="skip transformers")
     latency.add_argument("--peer", choices=["llama.cpp"], default=None,
                          help="also run llama.cpp's llama-bench on the same GGUF (built by `make bench-peers`)")
+    latency.add_argument("--decode-contexts", type=int, nargs="+", default=[], metavar="TOKENS",
+                         help="also time decode ITL after prompts of these lengths (e.g. 128 2048: is decode "
+                              "cost flat with context?); the peer decodes at the same depths")
     latency.add_argument("--rounds", type=int, default=1,
                          help="run every variant (and the peer) this many times in turn: decode rates are the "
                               "medians, TTFT the best (a noisy machine's drift then hits every variant alike)")

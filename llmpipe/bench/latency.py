@@ -70,6 +70,13 @@ def estimate_recompute_rate(llm: LLM, prompt_ids: list[int], new_tokens: int, sa
     return 1.0 / (sum(step_times) / len(step_times))
 
 
+def context_itls(llm: LLM, contexts: list[int], new_tokens: int) -> dict[str, float]:
+    """The median inter-token latency (ms) of `new_tokens` decoded after a prompt of each length."""
+    vocab = llm.engine.config.model_config.vocab_size
+    return {f"itl_ms_at_{c}": 1000 * statistics.median(run_llmpipe(llm, random_prompt(vocab, c, seed=300 + c),
+                                                                   new_tokens)["itl_s"]) for c in contexts}
+
+
 def batch_throughput(llm: LLM, batch: int, new_tokens: int) -> float:
     """Output tokens/s of `batch` 16-token prompts decoded together (continuous batching)."""
     vocab = llm.engine.config.model_config.vocab_size
@@ -99,6 +106,8 @@ def bench_variant(args, variant: Variant, prompts: dict) -> dict:
         else:
             result[f"decode_{n}"] = estimate_recompute_rate(llm, prompts["short"], n)
             result[f"decode_{n}_estimated"] = True
+    if variant.kv_cache:
+        result |= context_itls(llm, args.decode_contexts, min(args.output_lens))
     if args.batch_size and variant.kv_cache:
         result[f"batch_{args.batch_size}_tokens_per_s"] = batch_throughput(llm, args.batch_size, min(args.output_lens))
     if args.plot and variant.kv_cache:  # the samples the figure draws
@@ -129,6 +138,7 @@ VARIANTS = {
     "gguf int8-act": Variant("gguf int8-act", dtype="auto", quantization="auto", activation_quantization="int8"),
     "gguf int16-act": Variant("gguf int16-act", dtype="auto", quantization="auto", activation_quantization="int16"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
+    "gguf kv-int8": Variant("gguf kv-int8", dtype="auto", quantization="auto", kv_cache_dtype="int8"),
     "kv-int4": Variant("kv-int4", kv_cache_dtype="int4"),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
 }
@@ -165,6 +175,7 @@ def run(args) -> dict:
         "decode_prompt_len": len(prompts["short"]),
         "prompt_len": args.prompt_len,
         "output_lens": args.output_lens,
+        "decode_contexts": sorted(args.decode_contexts),
         "results": [],
     }
     variants = selected_variants(args) + ([] if args.no_baseline else ["transformers"])
@@ -205,6 +216,8 @@ def merge_rounds(per_round: list[list[dict]], output_lens: list[int]) -> list[di
                 if peer_at is not None and i != peer_at:
                     result[f"{key}_vs_llama_cpp_rounds"] = [r[key] / results[peer_at][key] for r, results
                                                             in zip(column, per_round)]
+        for key in [k for k in result if k.startswith("itl_ms_at_")]:
+            result[key], result[f"{key}_rounds"] = statistics.median(r[key] for r in column), [r[key] for r in column]
     return merged
 
 
@@ -221,6 +234,8 @@ def bench_llama_cpp(args, path: Path, threads: int) -> dict:
         result[f"decode_{n}"] = rates[f"tg{n}"]
         result["ttft_s"] = args.prompt_len / rates[f"pp{args.prompt_len}"]
         result["llama_bench"] = rates
+    for c in args.decode_contexts:  # tokens/s of min(output_lens) decoded after c tokens of context
+        result[f"itl_ms_at_{c}"] = 1000 / peers.llama_bench_decode(path, threads, c, min(args.output_lens))
     return result
 
 
@@ -245,6 +260,10 @@ def add_ratios(report: dict, f32_bytes: int) -> None:
                     r[f"decode_{n}_vs_llama_cpp"] = r[f"decode_{n}"] / peer[f"decode_{n}"]
             if r.get("ttft_s"):
                 r["prefill_vs_llama_cpp"] = peer["ttft_s"] / r["ttft_s"]
+    contexts = report.get("decode_contexts", [])
+    for r in report["results"]:
+        if len(contexts) > 1 and r.get(f"itl_ms_at_{contexts[0]}"):
+            r["itl_longest_vs_shortest_context"] = r[f"itl_ms_at_{contexts[-1]}"] / r[f"itl_ms_at_{contexts[0]}"]
     cached = next((r for r in report["results"] if r["variant"] == "float32"), None)
     recompute = next((r for r in report["results"] if r["variant"] == "float32 no-kv-cache"), None)
     if cached and recompute:
@@ -302,6 +321,12 @@ def latency_table(report: dict) -> str:
             if f"decode_{n}_vs_llama_cpp_rounds" in r:
                 ratios = ", ".join(f"{x:.2f}x" for x in r[f"decode_{n}_vs_llama_cpp_rounds"])
                 lines.append(f"{r['variant']}: decode@{n} vs llama.cpp by round: {ratios}")
+    contexts = report.get("decode_contexts", [])
+    for r in report["results"]:
+        if contexts and r.get(f"itl_ms_at_{contexts[0]}"):
+            itls = ", ".join(f"{r[f'itl_ms_at_{c}']:.2f} ms at {c}" for c in contexts)
+            ratio = r.get("itl_longest_vs_shortest_context")
+            lines.append(f"{r['variant']}: decode ITL {itls}" + (f" ({ratio:.2f}x)" if ratio else ""))
     if report.get("rounds", 1) > 1:
         lines.append(f"{report['rounds']} rounds: decode rates are medians, TTFT the best")
     lines.append("~ = estimated from timed recompute steps at evenly spaced lengths")

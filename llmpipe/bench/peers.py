@@ -83,17 +83,26 @@ def llama_bench(gguf: Path, threads: int, prompt_len: int = 512, gen_len: int = 
     some AVX-512/AMX CPUs in this version) is retried with `--repack 0`, and the result says so."""
     result: dict[str, float | str] = {}
     for kind, prompt, gen in ((f"pp{prompt_len}", prompt_len, 0), (f"tg{gen_len}", 0, gen_len)):
-        base = [str(binary("llama-bench", cache)), "-m", str(gguf), "-t", str(threads), "-p", str(prompt),
-                "-n", str(gen), "-r", str(repetitions), "-o", "json"]
-        for extra in ([], ["--repack", "0"]):
-            done = subprocess.run(base + extra, capture_output=True, text=True)
-            if done.returncode == 0:
-                result[kind] = float(json.loads(done.stdout)[0]["avg_ts"])
-                result[f"{kind}_flags"] = " ".join(extra)
-                break
-        else:
-            raise PeerUnavailableError(f"llama-bench {kind} failed (status {done.returncode}): {done.stderr.strip()[-200:]}")
+        result[kind], result[f"{kind}_flags"] = _llama_bench_rate(
+            gguf, threads, ["-p", str(prompt), "-n", str(gen), "-r", str(repetitions)], kind, cache)
     return result
+
+
+def llama_bench_decode(gguf: Path, threads: int, depth: int, gen_len: int, repetitions: int = 3,
+                       cache: Path = CACHE) -> float:
+    """llama-bench's tokens/s decoding `gen_len` tokens after `depth` tokens of context (its `-d`)."""
+    args = ["-p", "0", "-n", str(gen_len), "-d", str(depth), "-r", str(repetitions)]
+    return _llama_bench_rate(gguf, threads, args, f"tg{gen_len} at depth {depth}", cache)[0]
+
+
+def _llama_bench_rate(gguf: Path, threads: int, args: list[str], kind: str, cache: Path) -> tuple[float, str]:
+    """One llama-bench measurement's mean tokens/s and the flags it needed (see llama_bench)."""
+    base = [str(binary("llama-bench", cache)), "-m", str(gguf), "-t", str(threads), *args, "-o", "json"]
+    for extra in ([], ["--repack", "0"]):
+        done = subprocess.run(base + extra, capture_output=True, text=True)
+        if done.returncode == 0:
+            return float(json.loads(done.stdout)[0]["avg_ts"]), " ".join(extra)
+    raise PeerUnavailableError(f"llama-bench {kind} failed (status {done.returncode}): {done.stderr.strip()[-200:]}")
 
 
 def llama_batched_bench(gguf: Path, threads: int, num_prompts: int, input_len: int, output_len: int,

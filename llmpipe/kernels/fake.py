@@ -65,7 +65,7 @@ def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: tor
 
 
 @torch.library.register_fake("llmpipe::decode_step")
-def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
-                sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, sizes: list[int],
-                eps: float, scale: float) -> None:
+def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
+                cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                sizes: list[int], eps: float, scale: float) -> None:
     return None  # writes x and the cache in place

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmpipe.bench.latency import merge_rounds
+from llmpipe.bench.latency import add_ratios, latency_table, merge_rounds
 
 
 def round_of(ours: float, peer: float, ttft: float) -> list[dict]:
@@ -25,3 +25,16 @@ def test_rounds_give_median_rates_best_ttft_and_each_rounds_ratio_to_the_peer():
 def test_one_round_is_reported_as_measured():
     only = round_of(80, 100, 1.5)
     assert merge_rounds([only], [128]) == only
+
+
+def test_context_itls_are_medians_over_rounds_and_their_ratio_is_longest_over_shortest():
+    rounds = [[{"variant": "gguf", "decode_128": 80, "itl_ms_at_128": a, "itl_ms_at_2048": b}]
+              for a, b in ((4.0, 5.0), (3.0, 4.2), (5.0, 6.0))]
+    report = {"results": merge_rounds(rounds, [128]), "output_lens": [128], "decode_contexts": [128, 2048],
+              "prompt_len": 512, "memory_bandwidth_GBps": 30.0}
+    add_ratios(report, 10**8)
+    (ours,) = report["results"]
+    assert ours["itl_ms_at_128"] == 4.0 and ours["itl_ms_at_2048"] == 5.0
+    assert ours["itl_ms_at_2048_rounds"] == [5.0, 4.2, 6.0]
+    assert ours["itl_longest_vs_shortest_context"] == pytest.approx(1.25)
+    assert "decode ITL 4.00 ms at 128, 5.00 ms at 2048 (1.25x)" in latency_table(report)

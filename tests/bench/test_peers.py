@@ -34,3 +34,12 @@ def test_llama_bench_results_are_read_and_a_repack_crash_is_retried_without_it(t
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     rates = peers.llama_bench(tmp_path / "m.gguf", 2, 512, 128, cache=tmp_path)
     assert rates == {"pp512": 250.5, "pp512_flags": "--repack 0", "tg128": 140.25, "tg128_flags": ""}
+
+
+def test_decode_at_a_depth_passes_it_to_llama_bench(tmp_path):
+    fake = tmp_path / "bin" / "llama-bench"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    """case "$*" in *"-p 0 -n 64 -d 2048"*) echo '[{"avg_ts": 120.5}]';; *) exit 1;; esac\n""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert peers.llama_bench_decode(tmp_path / "m.gguf", 2, 2048, 64, cache=tmp_path) == 120.5

@@ -1,8 +1,8 @@
 """The whole-stack decode kernel (models/llama/decode_step.py) against the layer-by-layer path it
 replaces, on tiny random checkpoints: float weights, INT4 and INT8 weights, float and int8
-activations, batches of several sequences, a sliding window, qkv bias, GQA / MHA / MQA, Qwen 3's q/k
-norms, and Gemma 3 (four (1 + weight) norms a layer, q/k norms, GELU-tanh, local and global layers with
-their own RoPE bases, windows and block tables)."""
+activations, float32 and int8 KV caches, batches of several sequences, a sliding window, qkv bias,
+GQA / MHA / MQA, Qwen 3's q/k norms, and Gemma 3 (four (1 + weight) norms a layer, q/k norms,
+GELU-tanh, local and global layers with their own RoPE bases, windows and block tables)."""
 
 import pytest
 import torch
@@ -16,6 +16,7 @@ PROMPTS = [
     {"prompt_token_ids": [1, 40, 41, 42]},
     {"prompt_token_ids": [1, 9, 8, 7, 6, 5, 4, 3, 2, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26]},
 ]
+LONG_PROMPT = {"prompt_token_ids": [(7 * i) % 300 + 1 for i in range(300)]}  # past 256 positions: split attention
 # Every width a multiple of 32, so INT4 / INT8 layers run their kernels unpadded (as real checkpoints do).
 WIDTHS = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
 QUANTIZABLE = {
@@ -90,9 +91,8 @@ def test_long_contexts_split_attention_over_the_threads(tiny_checkpoint, name, t
     torch.set_num_threads(threads)
     try:
         llm = LLM(str(tiny_checkpoint(name)), progress=False)
-        long_prompt = {"prompt_token_ids": [(7 * i) % 300 + 1 for i in range(300)]}
-        assert_matches_layered(llm, atol=2e-5, prompts=[long_prompt])
-        assert_matches_layered(llm, atol=2e-5, prompts=[long_prompt, PROMPTS[1]])  # one split, one too short
+        assert_matches_layered(llm, atol=2e-5, prompts=[LONG_PROMPT])
+        assert_matches_layered(llm, atol=2e-5, prompts=[LONG_PROMPT, PROMPTS[1]])  # one split, one too short
     finally:
         torch.set_num_threads(before)
 
@@ -182,8 +182,44 @@ def test_half_group_int8_weights_match_layer_by_layer(quantizable_checkpoint, ac
         assert_matches_layered(llm, atol=0.05, near_tie=0.2)
 
 
-def test_quantized_caches_keep_the_layered_path(tiny_checkpoint):
-    quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int8", progress=False)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("name", ["llama_gqa", "mistral_window", "gemma3"])
+def test_int8_caches_take_the_fused_step_and_match_layer_by_layer(tiny_checkpoint, name, threads):
+    """An int8 KV cache: the step quantizes the new K and V as the cache does (quant/kv.py) and attends
+    to the codes dequantized as the layered path reads them — alone, batched, and past 256 positions
+    (split over 2 threads), with windows and Gemma's cache groups."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        llm = LLM(str(tiny_checkpoint(name)), kv_cache_dtype="int8", progress=False)
+        assert llm.engine.model.model.decode_step().takes(1, llm.engine.runner.kv_cache.layers)
+        # The layered path attends to an int8 cache with PyTorch's bmm and softmax (the per-op C
+        # attention takes float32 caches only): the same values summed in another order, which
+        # Gemma's logits carry further than float32 rounding (2.9e-4 at most seen).
+        atol = 1e-3 if name == "gemma3" else 2e-5
+        assert_matches_layered(llm, atol=atol)
+        assert_matches_layered(llm, atol=atol, prompts=[LONG_PROMPT, PROMPTS[1]])
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3"])
+def test_the_fused_step_writes_an_int8_cache_bit_for_bit_as_the_layered_path(tiny_checkpoint, name):
+    """Each new K and V quantized as quant/kv.py quantizes them: the same codes and float16 scales."""
+    caches = []
+    for fused in (True, False):
+        llm = LLM(str(tiny_checkpoint(name)), kv_cache_dtype="int8", max_num_blocks=512, enable_prefix_caching=False,
+                  progress=False)
+        llm.engine.model.model.fused_decode = fused
+        llm.generate([LONG_PROMPT, PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+                     use_tqdm=False)
+        caches.append(llm.engine.runner.kv_cache.tensors)
+    for ours, theirs in zip(*caches):
+        assert ours.dtype in (torch.int8, torch.float16) and torch.equal(ours, theirs)
+
+
+def test_int4_caches_keep_the_layered_path(tiny_checkpoint):
+    quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int4", progress=False)
     step = quantized_cache.engine.model.model.decode_step()
     assert not step.takes(1, quantized_cache.engine.runner.kv_cache.layers)
     _, _, calls = run(quantized_cache, True, PROMPTS[:1], steps=4)

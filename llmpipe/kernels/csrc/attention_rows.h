@@ -1,4 +1,5 @@
-/* Decode attention's pieces (layout: paged_attention.c), shared by paged_attention.c and decode_step.c. */
+/* Decode attention's pieces (layout: paged_attention.c), shared by paged_attention.c and decode_step.c
+ * (which also reads and writes int8 caches: KVRows, quantize_kv_row). */
 #pragma once
 #include <immintrin.h>
 #include <math.h>
@@ -56,10 +57,53 @@ static inline void softmax_in_place(float *p, int64_t L) {
     for (int64_t t = 0; t < L; t++) p[t] *= inv;
 }
 
-/* Position `pos`'s row in a paged cache (K or V base `cache`): the block from the table, then the offset. */
-static inline const float *cached_row(const float *cache, const int64_t *table, int64_t pos, int64_t block_size,
-                                      int64_t token_stride, int64_t block_stride) {
-    return cache + table[pos / block_size] * block_stride + (pos % block_size) * token_stride;
+/* One KV head's keys (or values) in a paged cache: float32 rows, or int8 codes with a float16 scale per
+ * position and KV head (quant/kv.py's int8 cache), dequantized a block's run of positions at a time
+ * into `run` — as the layer-by-layer path dequantizes (code times scale, in float32), so attention then
+ * computes on the same values. */
+typedef struct {
+    const void *rows;         /* the head's first element: float, or int8 codes */
+    const uint16_t *scales;   /* int8: the head's first scale (NULL: float32 rows) */
+    const int64_t *table;     /* the sequence's block table */
+    int64_t block_size, token_stride, block_stride; /* elements between positions / blocks */
+    int64_t scale_stride;     /* scales between positions (KVH) */
+    float *run;               /* int8: block_size * D floats of scratch */
+} KVRows;
+
+/* The first of `count` positions in block `block` from `in_block` on, `width` elements from `offset`:
+ * a pointer to float rows `*stride` apart (the cache itself, or `run` dequantized). */
+static inline const float *kv_run(const KVRows *src, int64_t block, int64_t in_block, int64_t count, int64_t offset,
+                                  int64_t width, int64_t *stride) {
+    const int64_t at = block * src->block_stride + in_block * src->token_stride + offset;
+    if (!src->scales) {
+        *stride = src->token_stride;
+        return (const float *)src->rows + at;
+    }
+    const int8_t *codes = (const int8_t *)src->rows + at;
+    const uint16_t *scales = src->scales + (block * src->block_size + in_block) * src->scale_stride;
+    for (int64_t j = 0; j < count; j++) {
+        const __m256 s = _mm256_set1_ps(_cvtsh_ss(scales[j * src->scale_stride]));
+        for (int64_t d = 0; d < width; d += 8) {
+            const __m128i c = _mm_loadl_epi64((const __m128i *)(codes + j * src->token_stride + d));
+            _mm256_storeu_ps(src->run + j * width + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s));
+        }
+    }
+    *stride = width;
+    return src->run;
+}
+
+/* x (D floats) as the int8 cache stores a position of one KV head: scale = max|x| / 127 in float16,
+ * codes round(x / scale) clamped to ±127 — quant/kv.py's quantize, operation for operation. */
+static inline void quantize_kv_row(const float *x, int64_t D, int8_t *codes, uint16_t *scale) {
+    float top = 0;
+    for (int64_t d = 0; d < D; d++) top = fabsf(x[d]) > top ? fabsf(x[d]) : top;
+    const float wanted = top / 127.0f;
+    *scale = _cvtss_sh(wanted > 1e-8f ? wanted : 1e-8f, _MM_FROUND_TO_NEAREST_INT);
+    const float s = _cvtsh_ss(*scale);
+    for (int64_t d = 0; d < D; d++) {
+        const float q = s > 0 ? nearbyintf(x[d] / s) : 0.0f; /* rounds half to even, as torch.round */
+        codes[d] = (int8_t)(q > 127.0f ? 127.0f : q < -127.0f ? -127.0f : q);
+    }
 }
 
 /* p[h * L + t] = scale * <q_h, k_t> for HEADS (1..8, a literal) heads at once, k_t read once for all of
@@ -85,72 +129,81 @@ static inline __attribute__((always_inline)) void head_scores(const float *q, co
     for (int h = 0; h < HEADS; h++) p[h * L + t] = hsum(_mm256_add_ps(acc[h], odd[h])) * scale;
 }
 
-/* The positions [first, first + L) of a paged cache, block by block (one division per block, not per
- * position): BODY runs with `row` at each position's row (plus `offset` floats) and t its index. */
-#define FOR_POSITIONS(cache, offset, BODY)                                                                      \
-    for (int64_t t = 0; t < L;) {                                                                               \
-        const int64_t pos = first + t, run = block_size - pos % block_size < L - t ? block_size - pos % block_size : L - t; \
-        const float *row = cached_row(cache, table, pos, block_size, token_stride, block_stride) + (offset);    \
-        for (int64_t j = 0; j < run; j++, t++, row += token_stride) { BODY }                                    \
+/* The positions [first, first + L) of a paged cache, a block's run at a time (one division per run, not
+ * per position; int8 rows dequantized once a run): BODY runs with `row` pointing at the run's first
+ * position (`width` elements from `offset`), `stride` floats between its positions, t0 the run's first
+ * index and `count` its length. */
+#define FOR_RUNS(src, offset, width, BODY)                                                                      \
+    for (int64_t t0 = 0; t0 < L;) {                                                                             \
+        const int64_t pos = first + t0, in_block = pos % (src)->block_size;                                     \
+        const int64_t count = (src)->block_size - in_block < L - t0 ? (src)->block_size - in_block : L - t0;    \
+        int64_t stride;                                                                                         \
+        const float *row = kv_run(src, (src)->table[pos / (src)->block_size], in_block, count, offset, width, &stride); \
+        BODY                                                                                                    \
+        t0 += count;                                                                                            \
     }
 
 /* p[h * L + t] = scale * <q_h, k_t> for one KV head's `group` query heads over positions [first, first + L). */
-static void group_scores(const float *q, const float *keys, const int64_t *table, int64_t first, int64_t L,
-                         int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t D,
+static void group_scores(const float *q, const KVRows *keys, int64_t first, int64_t L, int64_t group, int64_t D,
                          float scale, float *p) {
 #define SCORES(HEADS) head_scores(q + h0 * D, row, HEADS, D, scale, p + h0 * L, L, t)
-    FOR_POSITIONS(keys, 0,
-        for (int64_t h0 = 0; h0 < group; h0 += 8) {
-            const int64_t heads = group - h0 < 8 ? group - h0 : 8;
-            FOR_ROWS(heads, SCORES)
-        })
+    FOR_RUNS(keys, 0, D,
+        for (int64_t j = 0, t = t0; j < count; j++, t++, row += stride)
+            for (int64_t h0 = 0; h0 < group; h0 += 8) {
+                const int64_t heads = group - h0 < 8 ? group - h0 : 8;
+                FOR_ROWS(heads, SCORES)
+            })
 #undef SCORES
 }
 
-/* out[h] = sum_t p[h * L + t] v_t over the same positions, 64 dimensions at a time in registers. */
-static void weighted_values(const float *p, const float *values, const int64_t *table, int64_t first, int64_t L,
-                            int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride, int64_t D,
+/* out[h] = sum_t p[h * L + t] v_t over the same positions, 64 dimensions at a time: each run's values
+ * (dequantized once) meet every head, whose sums carry from run to run in `out`, in the order of t. */
+static void weighted_values(const float *p, const KVRows *values, int64_t first, int64_t L, int64_t group, int64_t D,
                             float *out) {
-    for (int64_t h = 0; h < group; h++) {
-        const float *ph = p + h * L;
-        for (int64_t strip = 0; strip < D; strip += 64) {
-            const int64_t lanes = (D - strip < 64 ? D - strip : 64) / 8;
-            __m256 acc[8];
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t strip = 0; strip < D; strip += 64) {
+        const int64_t lanes = (D - strip < 64 ? D - strip : 64) / 8;
+        for (int64_t h = 0; h < group; h++) memset(out + h * D + strip, 0, sizeof(float) * 8 * lanes);
 #define WEIGHTED_VALUES(LANES)                                                                                  \
-    FOR_POSITIONS(values, strip,                                                                                \
-        const __m256 w = _mm256_set1_ps(ph[t]);                                                                 \
-        for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * i), acc[i]);)
-            if (lanes == 8) { /* a literal bound: the accumulators stay in registers */
-                WEIGHTED_VALUES(8)
-            } else {
-                WEIGHTED_VALUES(lanes)
-            }
+    {                                                                                                           \
+        __m256 acc[8];                                                                                          \
+        for (int i = 0; i < LANES; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);                                    \
+        const float *r = row;                                                                                   \
+        for (int64_t j = 0; j < count; j++, r += stride) {                                                      \
+            const __m256 w = _mm256_set1_ps(ph[j]);                                                             \
+            for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8 * i), acc[i]);    \
+        }                                                                                                       \
+        for (int i = 0; i < LANES; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);                                    \
+    }
+        FOR_RUNS(values, strip, 8 * lanes,
+            for (int64_t h = 0; h < group; h++) {
+                const float *ph = p + h * L + t0;
+                float *o = out + h * D + strip;
+                if (lanes == 8) /* a literal bound: the accumulators stay in registers */
+                    WEIGHTED_VALUES(8)
+                else
+                    WEIGHTED_VALUES(lanes)
+            })
 #undef WEIGHTED_VALUES
-            for (int i = 0; i < lanes; i++) _mm256_storeu_ps(out + h * D + strip + 8 * i, acc[i]);
-        }
     }
 }
 
 /* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. Scores, then a
  * softmax per head, then the weighted values. */
-static void attend(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
-                   int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
+static void attend(const float *q, const KVRows *keys, const KVRows *values, int64_t first, int64_t L, int64_t group,
                    int64_t D, float scale, float *p, float *out) {
-    group_scores(q, keys, table, first, L, group, block_size, token_stride, block_stride, D, scale, p);
+    group_scores(q, keys, first, L, group, D, scale, p);
     for (int64_t h = 0; h < group; h++) softmax_in_place(p + h * L, L);
-    weighted_values(p, values, table, first, L, group, block_size, token_stride, block_stride, D, out);
+    weighted_values(p, values, first, L, group, D, out);
 }
 
 /* attend over one part of the positions, unnormalized (flash-decoding's split): out[h] = sum_t
  * e^(s_t - top_h) v_t, stats[2h] = top_h, stats[2h + 1] = sum_t e^(s_t - top_h); merge_parts combines
  * the parts. L may be 0 (top -inf, sum 0, out 0). */
-static void attend_part(const float *q, const float *keys, const float *values, const int64_t *table, int64_t first,
-                        int64_t L, int64_t group, int64_t block_size, int64_t token_stride, int64_t block_stride,
-                        int64_t D, float scale, float *p, float *out, float *stats) {
-    group_scores(q, keys, table, first, L, group, block_size, token_stride, block_stride, D, scale, p);
+static void attend_part(const float *q, const KVRows *keys, const KVRows *values, int64_t first, int64_t L,
+                        int64_t group, int64_t D, float scale, float *p, float *out, float *stats) {
+    group_scores(q, keys, first, L, group, D, scale, p);
     for (int64_t h = 0; h < group; h++) stats[2 * h + 1] = exp_in_place(p + h * L, L, stats + 2 * h);
-    weighted_values(p, values, table, first, L, group, block_size, token_stride, block_stride, D, out);
+    weighted_values(p, values, first, L, group, D, out);
 }
 
 /* out[h] = softmax-weighted values over all P parts of attend_part (part i's at outs + i * group * D,

@@ -23,7 +23,10 @@
  * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
  * (Gemma's 1 + weight, precomputed).
  * x [B, hidden] is the residual stream, updated in place. cos / sin [R, B, D]: R RoPE tables (Gemma 3:
- * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D];
+ * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D]:
+ * float32, or (a layer with kv_scales) int8 codes with float16 scales [2, num_blocks, block_size, KVH]
+ * (quant/kv.py's int8 cache: the new K and V quantized as it quantizes them, read dequantized a run at a
+ * time);
  * slots [S, B], tables [S, B, W], lens [S, B]: paged_attention.c's, for S caches of their own block
  * tables (Gemma 3's window groups), each layer naming its own.
  */
@@ -60,7 +63,8 @@ typedef struct {
     int64_t rope;   /* which of the R cos / sin tables */
     int64_t window; /* sliding window (0: none) */
     int64_t table;  /* which of the S block-table sets */
-    float *kv_cache;
+    void *kv_cache;      /* float32, or int8 codes */
+    uint16_t *kv_scales; /* int8 caches: their float16 scales (NULL: float32) */
 } LayerDesc;
 
 /* Per-thread buffers, sized for the widest input (K) and output slice. */
@@ -297,9 +301,18 @@ static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64
         }
 }
 
-/* The layer's q and k heads of qkv, in place: normed where it has q/k norms, then rotated; K and V to the cache. */
+/* One KV head's new K (or V) into the cache at element `at` (its scale at `at / D`). */
+static void cache_row(const LayerDesc *layer, const float *row, int64_t cache_half, int64_t at, int64_t D) {
+    if (layer->kv_scales)
+        quantize_kv_row(row, D, (int8_t *)layer->kv_cache + cache_half + at, layer->kv_scales + (cache_half + at) / D);
+    else
+        memcpy((float *)layer->kv_cache + cache_half + at, row, sizeof(float) * D);
+}
+
+/* The layer's q and k heads of qkv, in place: normed where it has q/k norms, then rotated; K and V to
+ * the cache (V `cache_half` elements after K). */
 static void rope_heads(const LayerDesc *layer, float *qkv, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t width,
-                       const float *cos, const float *sin, const int64_t *slots, float *cache, float *values,
+                       const float *cos, const float *sin, const int64_t *slots, int64_t cache_half,
                        int64_t token_stride, float eps, Scratch *s) {
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < B * (H + KVH); task++) {
@@ -310,10 +323,24 @@ static void rope_heads(const LayerDesc *layer, float *qkv, int64_t B, int64_t H,
         rotate_half(head, cos + b * D, sin + b * D, D, s->tmp);
         if (h >= H) {
             const int64_t kvh = h - H, at = slots[b] * token_stride + kvh * D;
-            memcpy(cache + at, head, sizeof(float) * D);
-            memcpy(values + at, qkv + b * width + (H + KVH + kvh) * D, sizeof(float) * D);
+            cache_row(layer, head, 0, at, D);
+            cache_row(layer, qkv + b * width + (H + KVH + kvh) * D, cache_half, at, D);
         }
     }
+}
+
+/* KV head kvh's keys and values in a layer's cache, for one sequence (block table `table`). */
+static void kv_rows(const LayerDesc *layer, int64_t kvh, int64_t D, const int64_t *table, int64_t block_size,
+                    int64_t token_stride, int64_t cache_half, float *run, KVRows *k, KVRows *v) {
+    const int64_t KVH = token_stride / D, block_stride = block_size * token_stride;
+    const uint16_t *scales = layer->kv_scales;
+    const char *base = layer->kv_cache;
+    const int64_t element = scales ? 1 : sizeof(float);
+    *k = (KVRows){base + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride, block_stride,
+                  KVH, run};
+    *v = *k;
+    v->rows = base + (cache_half + kvh * D) * element;
+    v->scales = scales ? scales + cache_half / D + kvh : NULL;
 }
 
 /* Into how many parts of their positions a layer's attention tasks (one per sequence and KV head) split:
@@ -360,14 +387,14 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
         Scratch s = scratch_new(B, widest, slice);
         for (int64_t l = 0; l < num_layers; l++) {
             const LayerDesc *layer = layers + l;
-            float *cache = layer->kv_cache, *values = cache + num_blocks * block_stride;
+            const int64_t cache_half = num_blocks * block_stride; /* V's elements after K's (scales: / D) */
             const int64_t *layer_slots = slots + layer->table * B, *layer_lens = lens + layer->table * B;
             const int64_t *layer_tables = tables + layer->table * B * table_width, window = layer->window;
             rms_norm_rows(x, layer->input_norm, s.xn, B, hidden, eps); /* every thread its own copy: no barrier */
             linear_into(&layer->qkv, s.xn, B, qkv, width, 0, &s);
 #pragma omp barrier
             rope_heads(layer, qkv, B, H, KVH, D, width, cos + layer->rope * B * D, sin + layer->rope * B * D,
-                       layer_slots, cache, values, token_stride, eps, &s);
+                       layer_slots, cache_half, token_stride, eps, &s);
             const int64_t P = attention_parts(B * KVH, layer_lens, B, window);
 #pragma omp for schedule(static)
             for (int64_t task = 0; task < B * KVH * P; task++) {
@@ -376,15 +403,16 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
                 const int64_t per = (positions + P - 1) / P, from = part * per < positions ? part * per : positions;
                 const int64_t first = start + from, L = (from + per < positions ? from + per : positions) - from;
                 float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
+                float *run = layer->kv_scales ? malloc(sizeof(float) * block_size * D) : NULL;
                 const float *q = qkv + b * width + kvh * group * D;
+                KVRows k, v;
+                kv_rows(layer, kvh, D, layer_tables + b * table_width, block_size, token_stride, cache_half, run, &k, &v);
                 if (P == 1)
-                    attend(q, cache + kvh * D, values + kvh * D, layer_tables + b * table_width, first, L, group,
-                           block_size, token_stride, block_stride, D, scale, p, attn + (b * H + kvh * group) * D);
+                    attend(q, &k, &v, first, L, group, D, scale, p, attn + (b * H + kvh * group) * D);
                 else
-                    attend_part(q, cache + kvh * D, values + kvh * D, layer_tables + b * table_width, first, L, group,
-                                block_size, token_stride, block_stride, D, scale, p, part_out + task * group * D,
+                    attend_part(q, &k, &v, first, L, group, D, scale, p, part_out + task * group * D,
                                 part_stats + task * group * 2);
-                free(p);
+                free(p), free(run);
             }
             if (P > 1) {
 #pragma omp for schedule(static)

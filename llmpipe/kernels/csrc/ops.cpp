@@ -55,8 +55,9 @@ constexpr int64_t HALF_CHUNK = 16;
 constexpr int64_t PANEL = 8;  // lowbit_panels.h: a panel's rows, and its bytes per 32 inputs
 constexpr int64_t INT4_PANEL_BYTES = 128 + 2 * PANEL * 4, INT8_PANEL_BYTES = 256 + 2 * PANEL * 4;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
 // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
+// and its scales
 constexpr int64_t LINEAR_WORDS = 10;
-constexpr int64_t LAYER_WORDS = 2 + 4 * LINEAR_WORDS + 4 + 4 + 1;
+constexpr int64_t LAYER_WORDS = 2 + 4 * LINEAR_WORDS + 4 + 4 + 2;
 constexpr int64_t LAYER_ROPE_WORD = 2 + 4 * LINEAR_WORDS + 4 + 1, LAYER_TABLE_WORD = LAYER_ROPE_WORD + 2;
 
 constexpr int64_t ANY_RANK = -1;
@@ -271,11 +272,13 @@ at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor
     return out;
 }
 
-// x [B, hidden] updated in place; kv_pool is written through the cache addresses in `descriptors`
-// [layers, LAYER_WORDS] (passed so that the schema says so). cos, sin [R, B, head dim]; slots [S, B],
+// x [B, hidden] updated in place; kv_pool (float32, or int8 codes with kv_scales their float16 scales)
+// is written through the cache addresses in `descriptors` [layers, LAYER_WORDS] (passed so that the
+// schema says so). cos, sin [R, B, head dim]; slots [S, B],
 // tables [S, B, W], lens [S, B]: each layer names its RoPE table and its block-table set. sizes: hidden,
 // heads, KV heads, head dim, blocks, block size.
-void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tensor &descriptors,
+void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::optional<at::Tensor> &kv_scales,
+                 const at::Tensor &descriptors,
                  const at::Tensor &cos, const at::Tensor &sin, const at::Tensor &slots, const at::Tensor &tables,
                  const at::Tensor &lens, at::IntArrayRef sizes, double eps, double scale) {
     const char *op = "decode_step";
@@ -290,8 +293,12 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tenso
                 ") must be multiples of 8");
     TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, op, ": ", heads, " heads must be a multiple of ", kv_heads,
                 " KV heads");
-    TORCH_CHECK(kv_pool.device().is_cpu() && kv_pool.scalar_type() == at::kFloat, op,
-                ": kv_pool must be a float32 CPU tensor");
+    const bool int8_cache = kv_pool.scalar_type() == at::kChar;
+    TORCH_CHECK(kv_pool.device().is_cpu() && (int8_cache || kv_pool.scalar_type() == at::kFloat), op,
+                ": kv_pool must be a float32 or int8 CPU tensor");
+    TORCH_CHECK(int8_cache == kv_scales.has_value(), op, ": kv_scales go with an int8 kv_pool, and only with it");
+    TORCH_CHECK(!int8_cache || (kv_scales->device().is_cpu() && kv_scales->scalar_type() == at::kHalf), op,
+                ": kv_scales must be a float16 CPU tensor");
     check(op, "descriptors", descriptors, at::kLong, 2);
     TORCH_CHECK(descriptors.size(0) >= 1, op, ": descriptors must describe at least one layer");
     check_size(op, "descriptors", descriptors, 1, LAYER_WORDS);
@@ -311,6 +318,8 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const at::Tenso
         const int64_t rope = words[l * LAYER_WORDS + LAYER_ROPE_WORD], set = words[l * LAYER_WORDS + LAYER_TABLE_WORD];
         TORCH_CHECK(rope >= 0 && rope < cos.size(0) && set >= 0 && set < sets, op, ": layer ", l, " names RoPE table ",
                     rope, " of ", cos.size(0), " and block-table set ", set, " of ", sets);
+        TORCH_CHECK((words[(l + 1) * LAYER_WORDS - 1] != 0) == int8_cache, op, ": layer ", l,
+                    int8_cache ? " has no cache scales for its int8 cache" : " has cache scales for a float32 cache");
     }
     kernels::decode_step(x.mutable_data_ptr<float>(), words, descriptors.size(0), batch, hidden, heads, kv_heads,
                          head_dim, static_cast<float>(eps), static_cast<float>(scale), cos.const_data_ptr<float>(),
@@ -334,8 +343,8 @@ TORCH_LIBRARY(llmpipe, m) {
           "int? window) -> Tensor");
     m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
           "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor");
-    m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor descriptors, Tensor cos, Tensor sin, Tensor slots, "
-          "Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()");
+    m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor(c!)? kv_scales, Tensor descriptors, Tensor cos, "
+          "Tensor sin, Tensor slots, Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {

@@ -25,8 +25,10 @@ void paged_decode_attention(const float *q, const float *cache, const int64_t *b
         int64_t first = window > 0 && len > window ? len - window : 0, L = len - first;
         float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
         const float *qh = q + (b * H + kvh * group) * D;
-        attend(qh, keys + kvh * D, values + kvh * D, block_tables + b * table_width, first, L, group, block_size,
-               token_stride, block_stride, D, scale, p, out + (b * H + kvh * group) * D);
+        const int64_t *table = block_tables + b * table_width;
+        const KVRows k = {keys + kvh * D, NULL, table, block_size, token_stride, block_stride, 0, NULL};
+        const KVRows v = {values + kvh * D, NULL, table, block_size, token_stride, block_stride, 0, NULL};
+        attend(qh, &k, &v, first, L, group, D, scale, p, out + (b * H + kvh * group) * D);
         free(p);
     }
 }

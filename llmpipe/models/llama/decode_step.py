@@ -12,7 +12,7 @@ which RoPE table it takes (`decode_step_rope`);
 q/k norms, the activation, each layer's RoPE table, window and cache group come from the layer and
 the step's metadata. Each linear keeps its own numerics: float activations into the exact low-bit row
 kernels (bit for bit the per-op kernels' results), or 8- or 16-bit activation blocks where the layer has
-`activation_bits` set. The layer-by-layer path stays for everything else — prefill, mixed batches, other caches,
+`activation_bits` set. The layer-by-layer path stays for everything else — prefill, mixed batches, int4 caches,
 other families — and is what this step is tested against.
 """
 
@@ -27,6 +27,7 @@ from llmpipe.kernels.build import library as _library
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
+from llmpipe.quant.kv import QuantizedKV
 from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
@@ -117,7 +118,8 @@ class LlamaDecodeStep:
         self._caches: list | None = None
         self._table_sets: tuple[int, ...] = ()  # what the descriptors' table column holds
         self._descriptors: torch.Tensor | None = None
-        self._pool: torch.Tensor | None = None  # the tensor every layer's cache is a view of
+        self._pool: torch.Tensor | None = None  # the tensor every layer's cache (int8: its codes) is a view of
+        self._scale_pool: torch.Tensor | None = None  # int8 caches: the tensor their scales are views of
 
     @classmethod
     def build(cls, layers: nn.ModuleList, cfg: ModelConfig) -> LlamaDecodeStep | None:
@@ -147,21 +149,21 @@ class LlamaDecodeStep:
 
     def takes(self, rows: int, kv_caches: list) -> bool:
         """This many rows (MAX_ROWS at most where a weight is float32, PANEL_MAX_BATCH where every
-        weight meets quantized activations, else MAX_BATCH), and float32 CPU caches of this model's
-        head shape (not quantized ones)."""
+        weight meets quantized activations, else MAX_BATCH), and CPU caches of this model's head shape,
+        float32 or int8 (not int4's rotated groups)."""
         return rows <= self.max_batch and self._descriptors_for(kv_caches) is not None
 
     def _descriptors_for(self, kv_caches: list) -> torch.Tensor | None:
         """The LayerDesc table with these caches (rebuilt only when the cache list changes)."""
         if kv_caches is not self._caches:
             self._caches, self._descriptors, self._table_sets = kv_caches, None, (0,) * len(kv_caches)
-            pool = kv_caches[0]._base if isinstance(kv_caches[0], torch.Tensor) else None
-            if pool is not None and all(
-                isinstance(c, torch.Tensor) and c._base is pool and c.dtype == torch.float32 and c.is_contiguous()
-                and c.device.type == "cpu" and c.shape[-2:] == self.shape[2:] for c in kv_caches
-            ):
-                rows = [slots + [cache.data_ptr()] for slots, cache in zip(self.layer_slots, kv_caches)]
-                self._descriptors, self._pool = torch.tensor(rows, dtype=torch.int64), pool
+            views = [_cache_views(c, self.shape[2:]) for c in kv_caches]
+            pools = {None if v is None else tuple(t if t is None else t._base for t in v) for v in views}
+            if len(pools) == 1 and None not in pools:
+                rows = [slots + [codes.data_ptr(), _ptr(scales)]
+                        for slots, (codes, scales) in zip(self.layer_slots, views)]
+                self._descriptors = torch.tensor(rows, dtype=torch.int64)
+                self._pool, self._scale_pool = pools.pop()
         return self._descriptors
 
     def _set_tables(self, descriptors: torch.Tensor, table_sets: tuple[int, ...]) -> None:
@@ -192,18 +194,36 @@ class LlamaDecodeStep:
         _, num_blocks, block_size, _, _ = kv_caches[0].shape
         descriptors = self._descriptors_for(kv_caches)
         self._set_tables(descriptors, table_sets)
-        decode_step_op(x, self._pool, descriptors, cos, sin, slots, tables, lens,
+        decode_step_op(x, self._pool, self._scale_pool, descriptors, cos, sin, slots, tables, lens,
                        [*self.shape, num_blocks, block_size], self.eps, self.scale)
         return x
 
 
-def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, descriptors: torch.Tensor, cos: torch.Tensor,
-                   sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+def _cache_views(cache, head_shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """A layer's cache as the kernel takes it — (float32 view, None) or (int8 codes, float16 scales), each
+    a contiguous CPU view of the whole cache's tensor — or None where it does not."""
+    if isinstance(cache, QuantizedKV):
+        if cache.minimum is not None or cache.codes.dtype != torch.int8:  # int4: rotated groups
+            return None
+        codes, scales = cache.codes, cache.scale
+    elif isinstance(cache, torch.Tensor) and cache.dtype == torch.float32:
+        codes, scales = cache, None
+    else:
+        return None
+    views = [t for t in (codes, scales) if t is not None]
+    if any(t._base is None or not t.is_contiguous() or t.device.type != "cpu" for t in views):
+        return None
+    return (codes, scales) if codes.shape[-2:] == head_shape else None
+
+
+def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
+                   cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
                    sizes: list[int], eps: float, scale: float) -> None:
     """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
-    cache, through the addresses in `descriptors`) are written in place. cos / sin [R, B, head dim];
-    slots [S, B], tables [S, B, W], lens [S, B]. sizes: hidden, heads, KV heads, head dim, blocks, block size."""
-    _library().decode_step(x, kv_pool, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale)
+    cache, through the addresses in `descriptors`; int8 caches: their codes, and kv_scales their scales)
+    are written in place. cos / sin [R, B, head dim]; slots [S, B], tables [S, B, W], lens [S, B].
+    sizes: hidden, heads, KV heads, head dim, blocks, block size."""
+    _library().decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale)
 
 
 class FusedDecodeBody:
