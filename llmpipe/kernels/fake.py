@@ -53,7 +53,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("llmpipe::paged_decode_attention")
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor,
-                           scale: float, window: int | None) -> torch.Tensor:
+                           scale: float, window: int | None, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(q, q.shape[1] * q.shape[2])
 
 

@@ -93,8 +93,8 @@ def decode_attention(
 ) -> torch.Tensor:
     """One query per sequence against its cached keys, batched over sequences of different lengths
     (padded to the longest; padding masked out). Two batched matmuls per step: PyTorch's CPU
-    flash-attention kernel is several times slower for single queries. A float32 cache takes the C
-    kernel instead (same math in one call, no gather; `attention_kernel`)."""
+    flash-attention kernel is several times slower for single queries. A float32 or int8 cache takes
+    the C kernel instead (same math in one call, no gather; `attention_kernel`)."""
     if attention_kernel.usable(q, kv_cache):
         return attention_kernel.paged_decode_attention(
             q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window

@@ -1,10 +1,11 @@
-"""Decode attention in C (kernels/csrc/paged_attention.c), reading a float32 paged cache in place.
+"""Decode attention in C (kernels/csrc/paged_attention.c), reading a float32 or int8 paged cache in place.
 
-A decode step's attention in PyTorch is a gather of every cached block plus two dozen small ops
-per layer (a bmm per KV head, softmax, stacking); at batch 1 those calls cost more than the
-arithmetic. The kernel does the same float32 math in one call; `decode_attention` in
-`attention.py` takes it where it applies and keeps the PyTorch path for other caches (bfloat16,
-quantized). Both are tested against `reference_paged_attention`.
+A decode step's attention in PyTorch is a gather of every cached block (for a quantized cache, each
+dequantized) plus two dozen small ops per layer (a bmm per KV head, softmax, stacking); at batch 1
+those calls cost more than the arithmetic. The kernel does the same float32 math in one call, on int8
+codes dequantized as `QuantizedKV.read` does; `decode_attention` in `attention.py` takes it where it
+applies and keeps the PyTorch path for other caches (bfloat16, int4). Both are tested against
+`reference_paged_attention`.
 """
 
 from __future__ import annotations
@@ -12,23 +13,31 @@ from __future__ import annotations
 import torch
 
 from llmpipe.kernels.build import library as _library
+from llmpipe.quant.kv import QuantizedKV
 
 
 def usable(q: torch.Tensor, kv_cache) -> bool:
-    """A float32 CPU cache (not a quantized one) and float32 queries, head_dim a multiple of 8."""
+    """A float32 or int8 CPU cache (not int4's rotated groups) and float32 queries, head_dim a multiple of 8."""
+    if isinstance(kv_cache, QuantizedKV):
+        if kv_cache.minimum is not None or not kv_cache.scale.is_contiguous():
+            return False
+        kv_cache = kv_cache.codes
+    elif not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.float32:
+        return False
     return (
-        isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.float32 and q.dtype == torch.float32
-        and kv_cache.device.type == "cpu" and kv_cache.is_contiguous() and kv_cache.shape[-1] % 8 == 0
-        and _library() is not None
+        q.dtype == torch.float32 and kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
+        and kv_cache.shape[-1] % 8 == 0 and _library() is not None
     )
 
 
 def paged_decode_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
+    q: torch.Tensor, kv_cache: torch.Tensor | QuantizedKV, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
     window: int | None,
 ) -> torch.Tensor:
-    """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D]; the tables
-    and lengths of any integer type."""
+    """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D] (float32, or
+    an int8 QuantizedKV); the tables and lengths of any integer type."""
+    if isinstance(kv_cache, QuantizedKV):
+        return _library().paged_decode_attention(q, kv_cache.codes, block_tables, lens, scale, window, kv_cache.scale)
     return _library().paged_decode_attention(q, kv_cache, block_tables, lens, scale, window)
 
 
@@ -48,7 +57,8 @@ def fused_decode_usable(heads: torch.Tensor, cos: torch.Tensor, kv_cache, meta) 
     tables, contiguous float32 heads and rotary tables."""
     return (
         not meta.prefills and meta.num_decodes == heads.shape[0] and heads.is_contiguous() and cos.is_contiguous()
-        and cos.dtype == torch.float32 and usable(heads, kv_cache) and meta.slot_mapping.dtype == torch.int64
+        and cos.dtype == torch.float32 and isinstance(kv_cache, torch.Tensor) and usable(heads, kv_cache)
+        and meta.slot_mapping.dtype == torch.int64
         and meta.decode_block_tables.dtype == torch.int64 and meta.decode_block_tables.is_contiguous()
         and meta.decode_context_lens.dtype == torch.int64
     )

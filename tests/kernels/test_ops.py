@@ -34,6 +34,13 @@ def attention_args(batch: int = 2) -> dict:
                 lens=torch.tensor([10, 7])[:batch])
 
 
+INT8_SCALES = torch.rand(2, 8, 4, 2, 1).half()  # an int8 cache's float16 scales, a position and KV head each
+
+
+def int8_attention_args() -> dict:
+    return attention_args() | {"kv_cache": torch.randint(-127, 128, (2, 8, 4, 2, 16), dtype=torch.int8)}
+
+
 def rope_args() -> tuple:
     a = attention_args()
     return (torch.randn(2, 6 + 2 * 2, 16), torch.randn(2, 1, 16), torch.randn(2, 1, 16), a["kv_cache"],
@@ -58,6 +65,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("int4_linear_dot", lowbit_args(1, int4=True)), ("int8_linear_dot", lowbit_args(1, int4=False)),
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
+    ("paged_decode_attention", (torch.randn(2, 6, 16), *int8_attention_args().values(), 0.25, 4, INT8_SCALES)),
     ("rope_write_decode_attention", rope_args()),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_fake_implementations_match_the_kernels(op, args):
@@ -120,6 +128,13 @@ def test_shapes_the_c_code_does_not_take_are_refused():
         0.25, None)
     assert "lens must have size 2 in dimension 0" in refusal(
         "paged_decode_attention", torch.randn(2, 6, 16), a["kv_cache"], a["block_tables"], a["lens"][:1], 0.25, None)
+    codes = int8_attention_args()["kv_cache"]
+    assert "kv_cache must be Char, got Float" in refusal(
+        "paged_decode_attention", torch.randn(2, 6, 16), a["kv_cache"], a["block_tables"], a["lens"], 0.25, None,
+        INT8_SCALES)
+    assert "kv_scales must be [2, blocks, block size, KV heads, 1]" in refusal(
+        "paged_decode_attention", torch.randn(2, 6, 16), codes, a["block_tables"], a["lens"], 0.25, None,
+        INT8_SCALES[:, :4].contiguous())
 
 
 def test_the_decode_step_refuses_a_descriptor_table_of_another_layout_or_out_of_range_indices():

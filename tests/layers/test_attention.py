@@ -60,6 +60,30 @@ def test_mixed_decode_and_prefill_batch_matches_reference(window, heads, kernel,
 
 
 @pytest.mark.parametrize("window", [None, 5])
+def test_the_c_decode_attention_reads_an_int8_cache_as_its_dequantized_values(window):
+    """The int8 cache (quant/kv.py) read in place, a block's run dequantized at a time: the reference on
+    `QuantizedKV.read`'s values."""
+    from llmpipe.quant.kv import QuantizedKV
+
+    if attention_kernel._library() is None:
+        pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
+    HEADS, KV_HEADS, DIM = 9, 3, 64
+    torch.manual_seed(0)
+    codes, scale, _ = QuantizedKV.storage("int8", (2, NUM_BLOCKS, BLOCK, KV_HEADS, DIM), "cpu")
+    cache = QuantizedKV(codes, scale, None, DIM)
+    slots = torch.arange(NUM_BLOCKS * BLOCK)
+    cache.write(torch.randn(len(slots), KV_HEADS, DIM), torch.randn(len(slots), KV_HEADS, DIM), slots)
+    lens, tables = [9, 2, 17], [[5, 9, 1], [7, 0, 0], [2, 3, 4, 6, 8]]
+    q = torch.randn(3, HEADS, DIM)
+    assert attention_kernel.usable(q, cache)
+    padded = torch.tensor([t + [0] * (5 - len(t)) for t in tables])
+    out = attention_kernel.paged_decode_attention(q, cache, padded, torch.tensor(lens), 0.3, window)
+    dequantized = cache.read(torch.arange(NUM_BLOCKS), torch.float32)
+    expected = reference_paged_attention(q, dequantized, tables, [n - 1 for n in lens], scale=0.3, window=window)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 5])
 def test_fused_rope_write_decode_equals_rotary_then_paged_attention(window):
     """One C call for a decode-only step: the same cache writes (bit for bit: RoPE's products are
     not contracted into FMAs) and the same attention as apply_rotary + paged_attention."""

@@ -32,9 +32,9 @@ void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, i
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
-void paged_decode_attention(const float *q, const float *cache, const int64_t *block_tables, const int64_t *lens,
-                            float *out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t num_blocks,
-                            int64_t block_size, int64_t table_width, float scale, int64_t window);
+void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
+                            const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
+                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window);
 void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
                                  const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
                                  int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
@@ -203,8 +203,8 @@ struct Cache {
 };
 
 // kv_cache [2, blocks, block_size, KVH, D] float32 with D % 8 == 0; `heads` query heads sharing the KV heads.
-Cache check_cache(const char *op, const at::Tensor &kv_cache, int64_t heads) {
-    check(op, "kv_cache", kv_cache, at::kFloat, 5);
+Cache check_cache(const char *op, const at::Tensor &kv_cache, int64_t heads, at::ScalarType dtype = at::kFloat) {
+    check(op, "kv_cache", kv_cache, dtype, 5);
     check_size(op, "kv_cache", kv_cache, 0, 2);
     const Cache c{kv_cache.size(1), kv_cache.size(2), kv_cache.size(3), kv_cache.size(4)};
     TORCH_CHECK(c.head_dim % 8 == 0, op, ": the head dim must be a multiple of 8, got ", c.head_dim);
@@ -229,18 +229,27 @@ void check_rotary(const char *op, const char *name, const at::Tensor &t, int64_t
 }
 
 // q [B, H, D] (copied when not contiguous); tables and lens converted to contiguous int64 as needed.
+// kv_cache float32, or int8 codes with kv_scales [2, blocks, block_size, KV heads, 1] their float16 scales.
 at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_cache, const at::Tensor &block_tables,
-                                  const at::Tensor &lens_in, double scale, std::optional<int64_t> window) {
+                                  const at::Tensor &lens_in, double scale, std::optional<int64_t> window,
+                                  const std::optional<at::Tensor> &kv_scales) {
     const char *op = "paged_decode_attention";
     const at::Tensor q = q_in.contiguous();
     const at::Tensor tables = block_tables.to(at::kLong).contiguous(), lens = lens_in.to(at::kLong).contiguous();
     check(op, "q", q, at::kFloat, 3);
     const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2);
-    const Cache c = check_cache(op, kv_cache, heads);
+    const Cache c = check_cache(op, kv_cache, heads, kv_scales ? at::kChar : at::kFloat);
+    if (kv_scales) {
+        check(op, "kv_scales", *kv_scales, at::kHalf, 5);
+        TORCH_CHECK(kv_scales->sizes().slice(0, 4) == kv_cache.sizes().slice(0, 4) && kv_scales->size(4) == 1, op,
+                    ": kv_scales must be [2, blocks, block size, KV heads, 1] for kv_cache ", kv_cache.sizes(),
+                    ", got ", kv_scales->sizes());
+    }
     check_size(op, "q", q, 2, c.head_dim);
     check_tables(op, tables, lens, batch);
     at::Tensor out = float_empty(batch, heads * head_dim);
-    kernels::paged_decode_attention(q.const_data_ptr<float>(), kv_cache.const_data_ptr<float>(),
+    const auto *scales = kv_scales ? static_cast<const uint16_t *>(kv_scales->const_data_ptr()) : nullptr;
+    kernels::paged_decode_attention(q.const_data_ptr<float>(), kv_cache.const_data_ptr(), scales,
                                     tables.const_data_ptr<int64_t>(), lens.const_data_ptr<int64_t>(),
                                     out.mutable_data_ptr<float>(), batch, heads, c.kv_heads, head_dim, c.num_blocks,
                                     c.block_size, tables.size(1), static_cast<float>(scale), window.value_or(0));
@@ -340,7 +349,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
-          "int? window) -> Tensor");
+          "int? window, Tensor? kv_scales=None) -> Tensor");
     m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
           "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor");
     m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor(c!)? kv_scales, Tensor descriptors, Tensor cos, "

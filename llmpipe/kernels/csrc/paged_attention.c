@@ -1,7 +1,8 @@
-/* Decode attention straight from a float32 paged KV cache: one query token per sequence against
- * its cached keys, read in place through the block table (no gather copy), float32 throughout.
+/* Decode attention straight from a paged KV cache: one query token per sequence against its cached
+ * keys, read in place through the block table (no gather copy), float32 throughout.
  *
- * q [B, H, D], cache [2, num_blocks, block_size, KVH, D] (K then V), block_tables [B, W] (int64),
+ * q [B, H, D], cache [2, num_blocks, block_size, KVH, D] (K then V): float32, or int8 codes with
+ * `scales` their float16 scales [2, num_blocks, block_size, KVH] (NULL: float32), block_tables [B, W] (int64),
  * lens [B] tokens cached (including the new one), out [B, H, D]. Sequence b attends to positions
  * max(0, lens[b] - window) .. lens[b] - 1 (window <= 0: all). Query head h reads KV head
  * h / (H / KVH). Requires D % 8 == 0.
@@ -14,22 +15,26 @@
 
 #include "attention_rows.h"
 
-void paged_decode_attention(const float *q, const float *cache, const int64_t *block_tables, const int64_t *lens,
-                            float *out, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t num_blocks,
-                            int64_t block_size, int64_t table_width, float scale, int64_t window) {
+void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
+                            const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
+                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window) {
     const int64_t group = H / KVH, token_stride = KVH * D, block_stride = block_size * token_stride;
-    const float *keys = cache, *values = cache + num_blocks * block_stride;
+    const int64_t element = scales ? 1 : sizeof(float), half = num_blocks * block_stride; /* V's elements after K's */
+    const char *keys = cache, *values = keys + half * element;
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < B * KVH; task++) {
         int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
         int64_t first = window > 0 && len > window ? len - window : 0, L = len - first;
         float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
+        float *run = scales ? malloc(sizeof(float) * block_size * D) : NULL;
         const float *qh = q + (b * H + kvh * group) * D;
         const int64_t *table = block_tables + b * table_width;
-        const KVRows k = {keys + kvh * D, NULL, table, block_size, token_stride, block_stride, 0, NULL};
-        const KVRows v = {values + kvh * D, NULL, table, block_size, token_stride, block_stride, 0, NULL};
+        const KVRows k = {keys + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride,
+                          block_stride, KVH, run};
+        const KVRows v = {values + kvh * D * element, scales ? scales + half / D + kvh : NULL, table, block_size,
+                          token_stride, block_stride, KVH, run};
         attend(qh, &k, &v, first, L, group, D, scale, p, out + (b * H + kvh * group) * D);
-        free(p);
+        free(p), free(run);
     }
 }
 
@@ -50,7 +55,7 @@ void rope_write_decode_attention(float *qkv, const float *cos, const float *sin,
         memcpy(cache + num_blocks * block_stride + slots[b] * token_stride, heads + (H + KVH) * D,
                sizeof(float) * token_stride);
     }
-    paged_decode_attention(q, cache, block_tables, lens, out, B, H, KVH, D, num_blocks, block_size, table_width,
+    paged_decode_attention(q, cache, NULL, block_tables, lens, out, B, H, KVH, D, num_blocks, block_size, table_width,
                            scale, window);
     free(q);
     free(tmp);
