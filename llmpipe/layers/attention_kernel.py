@@ -16,18 +16,26 @@ from llmpipe.kernels.build import library as _library
 from llmpipe.quant.kv import QuantizedKV
 
 
-def usable(q: torch.Tensor, kv_cache) -> bool:
-    """A float32 or int8 CPU cache (not int4's rotated groups) and float32 queries, head_dim a multiple of 8."""
+def cache_tensors(kv_cache) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """What the C kernels read of a layer's cache: (float32 rows, None) or (int8 codes, float16 scales),
+    contiguous CPU tensors, head_dim a multiple of 8 — or None for any other cache (bfloat16, int4)."""
     if isinstance(kv_cache, QuantizedKV):
-        if kv_cache.minimum is not None or not kv_cache.scale.is_contiguous():
-            return False
-        kv_cache = kv_cache.codes
-    elif not isinstance(kv_cache, torch.Tensor) or kv_cache.dtype != torch.float32:
-        return False
-    return (
-        q.dtype == torch.float32 and kv_cache.device.type == "cpu" and kv_cache.is_contiguous()
-        and kv_cache.shape[-1] % 8 == 0 and _library() is not None
-    )
+        if kv_cache.minimum is not None or kv_cache.codes.dtype != torch.int8:  # int4: rotated groups
+            return None
+        tensors = (kv_cache.codes, kv_cache.scale)
+    elif isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.float32:
+        tensors = (kv_cache, None)
+    else:
+        return None
+    present = [t for t in tensors if t is not None]
+    if any(t.device.type != "cpu" or not t.is_contiguous() for t in present) or tensors[0].shape[-1] % 8:
+        return None
+    return tensors
+
+
+def usable(q: torch.Tensor, kv_cache) -> bool:
+    """A cache the kernels read (cache_tensors) and float32 queries."""
+    return q.dtype == torch.float32 and cache_tensors(kv_cache) is not None and _library() is not None
 
 
 def paged_decode_attention(
@@ -36,9 +44,8 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D] (float32, or
     an int8 QuantizedKV); the tables and lengths of any integer type."""
-    if isinstance(kv_cache, QuantizedKV):
-        return _library().paged_decode_attention(q, kv_cache.codes, block_tables, lens, scale, window, kv_cache.scale)
-    return _library().paged_decode_attention(q, kv_cache, block_tables, lens, scale, window)
+    rows, scales = cache_tensors(kv_cache)
+    return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
 
 
 def rope_write_decode_attention(

@@ -70,6 +70,22 @@ typedef struct {
     float *run;               /* int8: block_size * D floats of scratch */
 } KVRows;
 
+/* KV head kvh's keys and values for one sequence (block table `table`) in a cache [2, num_blocks,
+ * block_size, KVH, D]: float32, or int8 codes with `scales` [2, num_blocks, block_size, KVH] (NULL: float32);
+ * `run`: block_size * D floats of scratch for int8. */
+static inline void kv_head_rows(const void *cache, const uint16_t *scales, int64_t kvh, int64_t KVH, int64_t D,
+                                const int64_t *table, int64_t block_size, int64_t num_blocks, float *run, KVRows *k,
+                                KVRows *v) {
+    const int64_t token_stride = KVH * D, block_stride = block_size * token_stride, half = num_blocks * block_stride;
+    const char *base = cache;
+    const int64_t element = scales ? 1 : sizeof(float);
+    *k = (KVRows){base + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride, block_stride,
+                  KVH, run};
+    *v = *k;
+    v->rows = base + (half + kvh * D) * element;
+    v->scales = scales ? scales + half / D + kvh : NULL;
+}
+
 /* The first of `count` positions in block `block` from `in_block` on, `width` elements from `offset`:
  * a pointer to float rows `*stride` apart (the cache itself, or `run` dequantized). */
 static inline const float *kv_run(const KVRows *src, int64_t block, int64_t in_block, int64_t count, int64_t offset,

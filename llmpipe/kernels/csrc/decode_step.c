@@ -329,20 +329,6 @@ static void rope_heads(const LayerDesc *layer, float *qkv, int64_t B, int64_t H,
     }
 }
 
-/* KV head kvh's keys and values in a layer's cache, for one sequence (block table `table`). */
-static void kv_rows(const LayerDesc *layer, int64_t kvh, int64_t D, const int64_t *table, int64_t block_size,
-                    int64_t token_stride, int64_t cache_half, float *run, KVRows *k, KVRows *v) {
-    const int64_t KVH = token_stride / D, block_stride = block_size * token_stride;
-    const uint16_t *scales = layer->kv_scales;
-    const char *base = layer->kv_cache;
-    const int64_t element = scales ? 1 : sizeof(float);
-    *k = (KVRows){base + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride, block_stride,
-                  KVH, run};
-    *v = *k;
-    v->rows = base + (cache_half + kvh * D) * element;
-    v->scales = scales ? scales + cache_half / D + kvh : NULL;
-}
-
 /* Into how many parts of their positions a layer's attention tasks (one per sequence and KV head) split:
  * where the tasks do not share out evenly over the threads (SmolLM2's 3 KV heads, Gemma 3's one, on 2
  * threads) and some sequence attends to at least SPLIT_MIN_POSITIONS positions, one part per thread
@@ -406,7 +392,8 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
                 float *run = layer->kv_scales ? malloc(sizeof(float) * block_size * D) : NULL;
                 const float *q = qkv + b * width + kvh * group * D;
                 KVRows k, v;
-                kv_rows(layer, kvh, D, layer_tables + b * table_width, block_size, token_stride, cache_half, run, &k, &v);
+                kv_head_rows(layer->kv_cache, layer->kv_scales, kvh, KVH, D, layer_tables + b * table_width, block_size,
+                             num_blocks, run, &k, &v);
                 if (P == 1)
                     attend(q, &k, &v, first, L, group, D, scale, p, attn + (b * H + kvh * group) * D);
                 else

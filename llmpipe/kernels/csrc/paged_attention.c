@@ -18,9 +18,7 @@
 void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
                             const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
                             int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window) {
-    const int64_t group = H / KVH, token_stride = KVH * D, block_stride = block_size * token_stride;
-    const int64_t element = scales ? 1 : sizeof(float), half = num_blocks * block_stride; /* V's elements after K's */
-    const char *keys = cache, *values = keys + half * element;
+    const int64_t group = H / KVH;
 #pragma omp parallel for schedule(static)
     for (int64_t task = 0; task < B * KVH; task++) {
         int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
@@ -28,11 +26,8 @@ void paged_decode_attention(const float *q, const void *cache, const uint16_t *s
         float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
         float *run = scales ? malloc(sizeof(float) * block_size * D) : NULL;
         const float *qh = q + (b * H + kvh * group) * D;
-        const int64_t *table = block_tables + b * table_width;
-        const KVRows k = {keys + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride,
-                          block_stride, KVH, run};
-        const KVRows v = {values + kvh * D * element, scales ? scales + half / D + kvh : NULL, table, block_size,
-                          token_stride, block_stride, KVH, run};
+        KVRows k, v;
+        kv_head_rows(cache, scales, kvh, KVH, D, block_tables + b * table_width, block_size, num_blocks, run, &k, &v);
         attend(qh, &k, &v, first, L, group, D, scale, p, out + (b * H + kvh * group) * D);
         free(p), free(run);
     }

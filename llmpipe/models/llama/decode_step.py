@@ -25,9 +25,9 @@ from torch import nn
 from llmpipe.config import ModelConfig
 from llmpipe.kernels.build import library as _library
 from llmpipe.layers.attention import AttentionMetadata
+from llmpipe.layers.attention_kernel import cache_tensors
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.kv import QuantizedKV
 from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
@@ -200,20 +200,12 @@ class LlamaDecodeStep:
 
 
 def _cache_views(cache, head_shape: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-    """A layer's cache as the kernel takes it — (float32 view, None) or (int8 codes, float16 scales), each
-    a contiguous CPU view of the whole cache's tensor — or None where it does not."""
-    if isinstance(cache, QuantizedKV):
-        if cache.minimum is not None or cache.codes.dtype != torch.int8:  # int4: rotated groups
-            return None
-        codes, scales = cache.codes, cache.scale
-    elif isinstance(cache, torch.Tensor) and cache.dtype == torch.float32:
-        codes, scales = cache, None
-    else:
+    """A layer's cache as the kernels read it (attention_kernel.cache_tensors), each tensor a view of the
+    whole cache's, of this model's head shape — or None where the step does not take it."""
+    tensors = cache_tensors(cache)
+    if tensors is None or tensors[0].shape[-2:] != head_shape or any(t._base is None for t in tensors if t is not None):
         return None
-    views = [t for t in (codes, scales) if t is not None]
-    if any(t._base is None or not t.is_contiguous() or t.device.type != "cpu" for t in views):
-        return None
-    return (codes, scales) if codes.shape[-2:] == head_shape else None
+    return tensors
 
 
 def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
