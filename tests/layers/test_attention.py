@@ -83,6 +83,49 @@ def test_the_c_decode_attention_reads_an_int8_cache_as_its_dequantized_values(wi
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cache_kind", ["float32", "int8"])
+@pytest.mark.parametrize("heads", [(4, 4, 8), (9, 3, 64), (4, 1, 256), (10, 2, 72), (16, 2, 40)],
+                         ids=["mha-dim8", "smollm2", "gemma3-270m", "group5-dim72", "group8-dim40"])
+@pytest.mark.parametrize("window", [None, 37])
+def test_the_c_decode_attention_over_long_contexts_matches_reference(cache_kind, heads, window):
+    """Long contexts through shuffled 16-position blocks (runs cut mid-block by windows), 1 to 8 query heads
+    a KV head, head sizes leaving every tail of the kernel's strips, and batches that do not share out
+    over the threads (their positions split in parts, merged by softmax maxima and sums)."""
+    from llmpipe.quant.kv import QuantizedKV
+
+    if attention_kernel._library() is None:
+        pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
+    HEADS, KV_HEADS, DIM = heads
+    block, num_blocks = 16, 80
+    torch.manual_seed(1)
+    rng = random.Random(1)
+    lens = [300, 1, 8, 523]
+    free = list(range(num_blocks))
+    rng.shuffle(free)
+    tables = [[free.pop() for _ in range(-(-n // block))] for n in lens]
+    k, v = torch.randn(num_blocks * block, KV_HEADS, DIM), torch.randn(num_blocks * block, KV_HEADS, DIM)
+    slots = torch.arange(num_blocks * block)
+    if cache_kind == "int8":
+        codes, scale, _ = QuantizedKV.storage("int8", (2, num_blocks, block, KV_HEADS, DIM), "cpu")
+        cache = QuantizedKV(codes, scale, None, DIM)
+        cache.write(k, v, slots)
+        values = cache.read(torch.arange(num_blocks), torch.float32)
+    else:
+        cache = values = torch.stack([k, v]).view(2, num_blocks, block, KV_HEADS, DIM)
+    q = torch.randn(len(lens), HEADS, DIM)
+    width = max(map(len, tables))
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    expected = reference_paged_attention(q, values, tables, [n - 1 for n in lens], scale=0.2, window=window)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):  # 3: four sequences split in three parts each
+            torch.set_num_threads(count)
+            out = attention_kernel.paged_decode_attention(q, cache, padded, torch.tensor(lens), 0.2, window)
+            torch.testing.assert_close(out, expected, atol=2e-5, rtol=1e-5)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 def test_fused_rope_write_decode_equals_rotary_then_paged_attention(window):
     """One C call for a decode-only step: the same cache writes (bit for bit: RoPE's products are

@@ -3,7 +3,9 @@
 #pragma once
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd.h"
@@ -30,11 +32,18 @@ static inline __m256 exp_nonpositive(__m256 x) {
 /* p[0..L) = e^(p - top) in place, top = max p (-inf where L = 0) into *top_out; returns their sum. */
 static inline float exp_in_place(float *p, int64_t L, float *top_out) {
     float top = -INFINITY, total = 0;
-    for (int64_t t = 0; t < L; t++) top = p[t] > top ? p[t] : top;
+    int64_t t = 0;
+    if (L >= 8) { /* NaN scores are passed over, as below (max_ps returns its second operand then) */
+        __m256 tops = _mm256_set1_ps(-INFINITY);
+        for (; t + 8 <= L; t += 8) tops = _mm256_max_ps(_mm256_loadu_ps(p + t), tops);
+        float lanes[8];
+        _mm256_storeu_ps(lanes, tops);
+        for (int i = 0; i < 8; i++) top = lanes[i] > top ? lanes[i] : top;
+    }
+    for (; t < L; t++) top = p[t] > top ? p[t] : top;
     const __m256 shift = _mm256_set1_ps(top);
     __m256 sums = _mm256_setzero_ps();
-    int64_t t = 0;
-    for (; t + 8 <= L; t += 8) {
+    for (t = 0; t + 8 <= L; t += 8) {
         __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), shift));
         _mm256_storeu_ps(p + t, e);
         sums = _mm256_add_ps(sums, e);
@@ -57,55 +66,37 @@ static inline void softmax_in_place(float *p, int64_t L) {
     for (int64_t t = 0; t < L; t++) p[t] *= inv;
 }
 
-/* One KV head's keys (or values) in a paged cache: float32 rows, or int8 codes with a float16 scale per
- * position and KV head (quant/kv.py's int8 cache), dequantized a block's run of positions at a time
- * into `run` — as the layer-by-layer path dequantizes (code times scale, in float32), so attention then
- * computes on the same values. */
+/* One KV head's keys (or values) in a paged cache, read in place: float32 rows, or int8 codes with a
+ * float16 scale per position and KV head (quant/kv.py's int8 cache) — a key's dot product is of its
+ * codes, times its scale; a value's weight is multiplied by its scale. */
 typedef struct {
     const void *rows;         /* the head's first element: float, or int8 codes */
     const uint16_t *scales;   /* int8: the head's first scale (NULL: float32 rows) */
     const int64_t *table;     /* the sequence's block table */
     int64_t block_size, token_stride, block_stride; /* elements between positions / blocks */
     int64_t scale_stride;     /* scales between positions (KVH) */
-    float *run;               /* int8: block_size * D floats of scratch */
 } KVRows;
 
 /* KV head kvh's keys and values for one sequence (block table `table`) in a cache [2, num_blocks,
- * block_size, KVH, D]: float32, or int8 codes with `scales` [2, num_blocks, block_size, KVH] (NULL: float32);
- * `run`: block_size * D floats of scratch for int8. */
+ * block_size, KVH, D]: float32, or int8 codes with `scales` [2, num_blocks, block_size, KVH] (NULL: float32). */
 static inline void kv_head_rows(const void *cache, const uint16_t *scales, int64_t kvh, int64_t KVH, int64_t D,
-                                const int64_t *table, int64_t block_size, int64_t num_blocks, float *run, KVRows *k,
-                                KVRows *v) {
+                                const int64_t *table, int64_t block_size, int64_t num_blocks, KVRows *k, KVRows *v) {
     const int64_t token_stride = KVH * D, block_stride = block_size * token_stride, half = num_blocks * block_stride;
     const char *base = cache;
     const int64_t element = scales ? 1 : sizeof(float);
     *k = (KVRows){base + kvh * D * element, scales ? scales + kvh : NULL, table, block_size, token_stride, block_stride,
-                  KVH, run};
+                  KVH};
     *v = *k;
     v->rows = base + (half + kvh * D) * element;
     v->scales = scales ? scales + half / D + kvh : NULL;
 }
 
-/* The first of `count` positions in block `block` from `in_block` on, `width` elements from `offset`:
- * a pointer to float rows `*stride` apart (the cache itself, or `run` dequantized). */
-static inline const float *kv_run(const KVRows *src, int64_t block, int64_t in_block, int64_t count, int64_t offset,
-                                  int64_t width, int64_t *stride) {
-    const int64_t at = block * src->block_stride + in_block * src->token_stride + offset;
-    if (!src->scales) {
-        *stride = src->token_stride;
-        return (const float *)src->rows + at;
-    }
-    const int8_t *codes = (const int8_t *)src->rows + at;
-    const uint16_t *scales = src->scales + (block * src->block_size + in_block) * src->scale_stride;
-    for (int64_t j = 0; j < count; j++) {
-        const __m256 s = _mm256_set1_ps(_cvtsh_ss(scales[j * src->scale_stride]));
-        for (int64_t d = 0; d < width; d += 8) {
-            const __m128i c = _mm_loadl_epi64((const __m128i *)(codes + j * src->token_stride + d));
-            _mm256_storeu_ps(src->run + j * width + d, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), s));
-        }
-    }
-    *stride = width;
-    return src->run;
+/* The element offset of position in_block of block `block`, and (int8) its scale. */
+static inline int64_t kv_at(const KVRows *src, int64_t block, int64_t in_block) {
+    return block * src->block_stride + in_block * src->token_stride;
+}
+static inline const uint16_t *kv_scales_at(const KVRows *src, int64_t block, int64_t in_block) {
+    return src->scales + (block * src->block_size + in_block) * src->scale_stride;
 }
 
 /* x (D floats) as the int8 cache stores a position of one KV head: scale = max|x| / 127 in float16,
@@ -122,124 +113,274 @@ static inline void quantize_kv_row(const float *x, int64_t D, int8_t *codes, uin
     }
 }
 
-/* p[h * L + t] = scale * <q_h, k_t> for HEADS (1..8, a literal) heads at once, k_t read once for all of
- * them. Up to four heads take two FMA chains each (even and odd 8-lane strips of the dimensions): one
- * chain a head waits on FMA latency at every step; more heads already interleave enough chains. */
-static inline __attribute__((always_inline)) void head_scores(const float *q, const float *k, const int HEADS, int64_t D,
-                                                              float scale, float *p, int64_t L, int64_t t) {
-    __m256 acc[8], odd[8];
-    for (int h = 0; h < HEADS; h++) acc[h] = odd[h] = _mm256_setzero_ps();
-    int64_t d = 0;
-    if (HEADS <= 4)
-        for (; d + 16 <= D; d += 16) {
-            const __m256 k0 = _mm256_loadu_ps(k + d), k1 = _mm256_loadu_ps(k + d + 8);
-            for (int h = 0; h < HEADS; h++) {
-                acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), k0, acc[h]);
-                odd[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d + 8), k1, odd[h]);
-            }
-        }
-    for (; d < D; d += 8) {
-        const __m256 kd = _mm256_loadu_ps(k + d);
-        for (int h = 0; h < HEADS; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), kd, acc[h]);
-    }
-    for (int h = 0; h < HEADS; h++) p[h * L + t] = hsum(_mm256_add_ps(acc[h], odd[h])) * scale;
+/* Eight elements of a key row from d on: float32, or int8 codes as floats (CODES a literal). */
+static inline __attribute__((always_inline)) __m256 key_strip(const void *row, const int CODES, int64_t d) {
+    if (CODES)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + d))));
+    return _mm256_loadu_ps((const float *)row + d);
 }
 
-/* The positions [first, first + L) of a paged cache, a block's run at a time (one division per run, not
- * per position; int8 rows dequantized once a run): BODY runs with `row` pointing at the run's first
- * position (`width` elements from `offset`), `stride` floats between its positions, t0 the run's first
- * index and `count` its length. */
-#define FOR_RUNS(src, offset, width, BODY)                                                                      \
+/* sums[h][j] = q_h ⊙ k summed over D's 8-lane strips (eight lanes, not yet added up) for HEADS (1..4, a
+ * literal) heads, the key row read once for all of them: two FMA chains a head (even and odd strips). */
+static inline __attribute__((always_inline)) void key_dots(const float *q, const void *k, const int CODES,
+                                                           const int HEADS, int64_t D, __m256 (*sums)[8], int64_t j) {
+    __m256 even[4], odd[4];
+    for (int h = 0; h < HEADS; h++) even[h] = odd[h] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        const __m256 k0 = key_strip(k, CODES, d), k1 = key_strip(k, CODES, d + 8);
+        for (int h = 0; h < HEADS; h++) {
+            even[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), k0, even[h]);
+            odd[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d + 8), k1, odd[h]);
+        }
+    }
+    if (d < D) {
+        const __m256 k0 = key_strip(k, CODES, d);
+        for (int h = 0; h < HEADS; h++) even[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), k0, even[h]);
+    }
+    for (int h = 0; h < HEADS; h++) sums[h][j] = _mm256_add_ps(even[h], odd[h]);
+}
+
+/* Lane j = the sum of v[j]'s eight floats: eight horizontal sums in seven adds' worth of shuffles. */
+static inline __m256 hsum8(const __m256 *v) {
+    const __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d); /* [v0..v3 low halves | high halves] */
+    return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+/* p[h * L + j] = scale * <q_h, k_j> (int8: times k_j's scale) for one KV head's `group` query heads and
+ * the `count` positions of block `block` from `in_block` on, eight positions' sums added up together. */
+static void run_scores(const float *q, const KVRows *keys, int64_t block, int64_t in_block, int64_t count,
+                       int64_t group, int64_t D, float scale, float *p, int64_t L) {
+    const int64_t at = kv_at(keys, block, in_block), stride = keys->token_stride;
+    for (int64_t j0 = 0; j0 < count; j0 += 8) {
+        const int64_t n = count - j0 < 8 ? count - j0 : 8;
+        __m256 weight = _mm256_set1_ps(scale);
+        if (keys->scales) {
+            const uint16_t *s = kv_scales_at(keys, block, in_block + j0);
+            uint16_t halves[8] = {0};
+            for (int64_t j = 0; j < n; j++) halves[j] = s[j * keys->scale_stride];
+            weight = _mm256_mul_ps(weight, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)halves)));
+        }
+        for (int64_t h0 = 0; h0 < group; h0 += 4) {
+            const int64_t heads = group - h0 < 4 ? group - h0 : 4;
+            __m256 sums[4][8];
+            const float *qh = q + h0 * D;
+#define KEY_DOTS(CODES, HEADS)                                                                                  \
+    for (int64_t j = 0; j < n; j++) {                                                                           \
+        const int64_t row = at + (j0 + j) * stride;                                                             \
+        key_dots(qh, CODES ? (const void *)((const int8_t *)keys->rows + row)                                   \
+                           : (const void *)((const float *)keys->rows + row), CODES, HEADS, D, sums, j);        \
+    }
+#define HEADS_DOTS(CODES) \
+    switch (heads) { case 1: KEY_DOTS(CODES, 1) break; case 2: KEY_DOTS(CODES, 2) break; \
+                     case 3: KEY_DOTS(CODES, 3) break; default: KEY_DOTS(CODES, 4) break; }
+            if (keys->scales)
+                HEADS_DOTS(1)
+            else
+                HEADS_DOTS(0)
+#undef HEADS_DOTS
+#undef KEY_DOTS
+            for (int64_t h = 0; h < heads; h++) {
+                for (int64_t j = n; j < 8; j++) sums[h][j] = _mm256_setzero_ps();
+                const __m256 s = _mm256_mul_ps(hsum8(sums[h]), weight);
+                float *out = p + (h0 + h) * L + j0;
+                if (n == 8) {
+                    _mm256_storeu_ps(out, s);
+                } else {
+                    float lanes[8];
+                    _mm256_storeu_ps(lanes, s);
+                    memcpy(out, lanes, sizeof(float) * n);
+                }
+            }
+        }
+    }
+}
+
+/* out[h * D + d ..] += sum_j w[h * w_stride + j] v_j[d ..] over `count` value rows `stride` elements apart,
+ * STRIPS 8-lane strips of dimensions from d, for HEADS heads (literals: the HEADS x STRIPS sums stay in
+ * registers), in the order of j; each row's strip read (and, int8, converted) once for all the heads. */
+static inline __attribute__((always_inline)) void value_strips(const float *w, int64_t w_stride, const void *rows,
+                                                               int64_t stride, int64_t count, const int CODES,
+                                                               const int HEADS, const int STRIPS, int64_t d,
+                                                               int64_t D, float *out) {
+    __m256 acc[4][8];
+    for (int h = 0; h < HEADS; h++)
+        for (int i = 0; i < STRIPS; i++) acc[h][i] = _mm256_loadu_ps(out + h * D + d + 8 * i);
+    for (int64_t j = 0; j < count; j++) {
+        const void *row = CODES ? (const void *)((const int8_t *)rows + j * stride)
+                                : (const void *)((const float *)rows + j * stride);
+        __m256 weight[4];
+        for (int h = 0; h < HEADS; h++) weight[h] = _mm256_set1_ps(w[h * w_stride + j]);
+        for (int i = 0; i < STRIPS; i++) {
+            const __m256 x = key_strip(row, CODES, d + 8 * i);
+            for (int h = 0; h < HEADS; h++) acc[h][i] = _mm256_fmadd_ps(weight[h], x, acc[h][i]);
+        }
+    }
+    for (int h = 0; h < HEADS; h++)
+        for (int i = 0; i < STRIPS; i++) _mm256_storeu_ps(out + h * D + d + 8 * i, acc[h][i]);
+}
+
+/* out[h] += sum_j p[h * L + j] v_j for one KV head's `group` query heads over the `count` positions of
+ * block `block` from `in_block` on, in the order of j. int8 values are their codes times their scales,
+ * the scale folded into the weight (p_j s_j, in `scratch`: 4 * count floats) so each code is converted
+ * once for up to four heads. */
+static void run_values(const float *p, int64_t L, const KVRows *values, int64_t block, int64_t in_block,
+                       int64_t count, int64_t group, int64_t D, float *out, float *scratch) {
+    const int64_t at = kv_at(values, block, in_block), stride = values->token_stride;
+    for (int64_t h0 = 0; h0 < group; h0 += 4) {
+        const int64_t heads = group - h0 < 4 ? group - h0 : 4;
+        const float *w = p + h0 * L;
+        int64_t w_stride = L;
+        const void *rows = (const float *)values->rows + at;
+        if (values->scales) {
+            const uint16_t *s = kv_scales_at(values, block, in_block);
+            for (int64_t h = 0; h < heads; h++)
+                for (int64_t j = 0; j < count; j++) scratch[h * count + j] = w[h * L + j] * _cvtsh_ss(s[j * values->scale_stride]);
+            w = scratch, w_stride = count, rows = (const int8_t *)values->rows + at;
+        }
+        float *o = out + h0 * D;
+#define VALUES(CODES, HEADS, STRIPS)                                                                            \
+    {                                                                                                           \
+        int64_t d = 0;                                                                                          \
+        for (; d + 8 * (STRIPS) <= D; d += 8 * (STRIPS))                                                        \
+            value_strips(w, w_stride, rows, stride, count, CODES, HEADS, STRIPS, d, D, o);                      \
+        for (; d < D; d += 8) value_strips(w, w_stride, rows, stride, count, CODES, HEADS, 1, d, D, o);         \
+    }
+#define HEADS_VALUES(CODES) \
+    switch (heads) { case 1: VALUES(CODES, 1, 8) break; case 2: VALUES(CODES, 2, 4) break; \
+                     case 3: VALUES(CODES, 3, 4) break; default: VALUES(CODES, 4, 2) break; }
+        if (values->scales)
+            HEADS_VALUES(1)
+        else
+            HEADS_VALUES(0)
+#undef HEADS_VALUES
+#undef VALUES
+    }
+}
+
+/* The runs of positions [first, first + L) in a paged cache of `block_size` positions a block (one
+ * division per run, not per position): BODY runs with `block` the run's block, `in_block` its first
+ * position there, t0 its first index and `count` its length. */
+#define FOR_RUNS(table, block_size, BODY)                                                                       \
     for (int64_t t0 = 0; t0 < L;) {                                                                             \
-        const int64_t pos = first + t0, in_block = pos % (src)->block_size;                                     \
-        const int64_t count = (src)->block_size - in_block < L - t0 ? (src)->block_size - in_block : L - t0;    \
-        int64_t stride;                                                                                         \
-        const float *row = kv_run(src, (src)->table[pos / (src)->block_size], in_block, count, offset, width, &stride); \
+        const int64_t pos = first + t0, in_block = pos % (block_size), block = (table)[pos / (block_size)];     \
+        const int64_t count = (block_size) - in_block < L - t0 ? (block_size) - in_block : L - t0;              \
         BODY                                                                                                    \
         t0 += count;                                                                                            \
     }
 
-/* p[h * L + t] = scale * <q_h, k_t> for one KV head's `group` query heads over positions [first, first + L). */
-static void group_scores(const float *q, const KVRows *keys, int64_t first, int64_t L, int64_t group, int64_t D,
-                         float scale, float *p) {
-#define SCORES(HEADS) head_scores(q + h0 * D, row, HEADS, D, scale, p + h0 * L, L, t)
-    FOR_RUNS(keys, 0, D,
-        for (int64_t j = 0, t = t0; j < count; j++, t++, row += stride)
-            for (int64_t h0 = 0; h0 < group; h0 += 8) {
-                const int64_t heads = group - h0 < 8 ? group - h0 : 8;
-                FOR_ROWS(heads, SCORES)
-            })
-#undef SCORES
-}
+/* One sequence's H query heads over its positions [first, first + L), every KV head of a run read
+ * together (the cache streams in address order): scores, a softmax per head, the weighted values into
+ * out [H, D]. With `stats` (flash-decoding's split: a part of the positions), unnormalized: out[h] =
+ * sum_t e^(s_t - top_h) v_t, stats[2h] = top_h, stats[2h + 1] = sum_t e^(s_t - top_h); L may then be 0
+ * (top -inf, sum 0, out 0). p: scratch of H * L floats; weights: 4 * block_size floats for int8 caches. */
+typedef struct {
+    const void *cache;      /* [2, num_blocks, block_size, KVH, D]: float32, or int8 codes */
+    const uint16_t *scales; /* int8: float16 [2, num_blocks, block_size, KVH] (NULL: float32) */
+    int64_t H, KVH, D, num_blocks, block_size;
+    float scale;
+} CacheGeometry;
 
-/* out[h] = sum_t p[h * L + t] v_t over the same positions, 64 dimensions at a time: each run's values
- * (dequantized once) meet every head, whose sums carry from run to run in `out`, in the order of t. */
-static void weighted_values(const float *p, const KVRows *values, int64_t first, int64_t L, int64_t group, int64_t D,
-                            float *out) {
-    for (int64_t strip = 0; strip < D; strip += 64) {
-        const int64_t lanes = (D - strip < 64 ? D - strip : 64) / 8;
-        for (int64_t h = 0; h < group; h++) memset(out + h * D + strip, 0, sizeof(float) * 8 * lanes);
-#define WEIGHTED_VALUES(LANES)                                                                                  \
-    {                                                                                                           \
-        __m256 acc[8];                                                                                          \
-        for (int i = 0; i < LANES; i++) acc[i] = _mm256_loadu_ps(o + 8 * i);                                    \
-        const float *r = row;                                                                                   \
-        for (int64_t j = 0; j < count; j++, r += stride) {                                                      \
-            const __m256 w = _mm256_set1_ps(ph[j]);                                                             \
-            for (int i = 0; i < LANES; i++) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(r + 8 * i), acc[i]);    \
-        }                                                                                                       \
-        for (int i = 0; i < LANES; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);                                    \
+static void attend_sequence(const CacheGeometry *c, const float *q, const int64_t *table, int64_t first, int64_t L,
+                            float *p, float *weights, float *out, float *stats) {
+    const int64_t H = c->H, KVH = c->KVH, D = c->D, group = H / KVH;
+    KVRows k, v;
+    FOR_RUNS(table, c->block_size,
+        for (int64_t kvh = 0; kvh < KVH; kvh++) {
+            kv_head_rows(c->cache, c->scales, kvh, KVH, D, table, c->block_size, c->num_blocks, &k, &v);
+            run_scores(q + kvh * group * D, &k, block, in_block, count, group, D, c->scale,
+                       p + kvh * group * L + t0, L);
+        })
+    for (int64_t h = 0; h < H; h++) {
+        if (stats)
+            stats[2 * h + 1] = exp_in_place(p + h * L, L, stats + 2 * h);
+        else
+            softmax_in_place(p + h * L, L);
     }
-        FOR_RUNS(values, strip, 8 * lanes,
-            for (int64_t h = 0; h < group; h++) {
-                const float *ph = p + h * L + t0;
-                float *o = out + h * D + strip;
-                if (lanes == 8) /* a literal bound: the accumulators stay in registers */
-                    WEIGHTED_VALUES(8)
-                else
-                    WEIGHTED_VALUES(lanes)
-            })
-#undef WEIGHTED_VALUES
-    }
+    memset(out, 0, sizeof(float) * H * D);
+    FOR_RUNS(table, c->block_size,
+        for (int64_t kvh = 0; kvh < KVH; kvh++) {
+            kv_head_rows(c->cache, c->scales, kvh, KVH, D, table, c->block_size, c->num_blocks, &k, &v);
+            run_values(p + kvh * group * L + t0, L, &v, block, in_block, count, group, D, out + kvh * group * D, weights);
+        })
 }
 
-/* One sequence, one KV head, its `group` query heads; p: scratch of group * L floats. Scores, then a
- * softmax per head, then the weighted values. */
-static void attend(const float *q, const KVRows *keys, const KVRows *values, int64_t first, int64_t L, int64_t group,
-                   int64_t D, float scale, float *p, float *out) {
-    group_scores(q, keys, first, L, group, D, scale, p);
-    for (int64_t h = 0; h < group; h++) softmax_in_place(p + h * L, L);
-    weighted_values(p, values, first, L, group, D, out);
-}
-
-/* attend over one part of the positions, unnormalized (flash-decoding's split): out[h] = sum_t
- * e^(s_t - top_h) v_t, stats[2h] = top_h, stats[2h + 1] = sum_t e^(s_t - top_h); merge_parts combines
- * the parts. L may be 0 (top -inf, sum 0, out 0). */
-static void attend_part(const float *q, const KVRows *keys, const KVRows *values, int64_t first, int64_t L,
-                        int64_t group, int64_t D, float scale, float *p, float *out, float *stats) {
-    group_scores(q, keys, first, L, group, D, scale, p);
-    for (int64_t h = 0; h < group; h++) stats[2 * h + 1] = exp_in_place(p + h * L, L, stats + 2 * h);
-    weighted_values(p, values, first, L, group, D, out);
-}
-
-/* out[h] = softmax-weighted values over all P parts of attend_part (part i's at outs + i * group * D,
- * stats + 2 * i * group): each part rescaled by e^(top_i - top) for the overall top. */
-static void merge_parts(const float *outs, const float *stats, int64_t P, int64_t group, int64_t D, float *out) {
-    for (int64_t h = 0; h < group; h++) {
+/* out[h] = softmax-weighted values over all P parts of attend_sequence's split (part i's at outs + i * H * D,
+ * stats + 2 * i * H): each part rescaled by e^(top_i - top) for the overall top. */
+static void merge_parts(const float *outs, const float *stats, int64_t P, int64_t H, int64_t D, float *out) {
+    for (int64_t h = 0; h < H; h++) {
         float top = -INFINITY, total = 0;
-        for (int64_t i = 0; i < P; i++) top = stats[2 * (i * group + h)] > top ? stats[2 * (i * group + h)] : top;
+        for (int64_t i = 0; i < P; i++) top = stats[2 * (i * H + h)] > top ? stats[2 * (i * H + h)] : top;
         float *o = out + h * D;
         memset(o, 0, sizeof(float) * D);
         for (int64_t i = 0; i < P; i++) {
-            const float *st = stats + 2 * (i * group + h);
+            const float *st = stats + 2 * (i * H + h);
             if (st[1] == 0.0f) continue; /* an empty part */
             const float w = expf(st[0] - top);
             total += w * st[1];
-            const float *part = outs + (i * group + h) * D;
+            const float *part = outs + (i * H + h) * D;
             for (int64_t d = 0; d < D; d++) o[d] += w * part[d];
         }
         const float inv = 1.0f / total;
         for (int64_t d = 0; d < D; d++) o[d] *= inv;
+    }
+}
+
+/* A decode batch's attention: B sequences, each one query token of H heads (sequence b's at q +
+ * b * q_stride) against its cached positions max(0, lens[b] - window) .. lens[b] - 1 (window <= 0: all)
+ * through its block table (tables + b * table_width) → out [B, H * D]. */
+typedef struct {
+    CacheGeometry cache;
+    const float *q;
+    int64_t q_stride, B, table_width, window;
+    const int64_t *tables, *lens;
+    float *out;
+    float *part_out, *part_stats; /* split_parts(B) > 1: B * parts * H * D and B * parts * H * 2 floats */
+} DecodeAttention;
+
+/* Into how many parts each sequence's positions split: 1, or — where the B sequences do not share out
+ * evenly over the threads and some sequence attends to at least SPLIT_MIN_POSITIONS positions — enough
+ * that they do (flash-decoding's split, merged after a barrier). */
+#define SPLIT_MIN_POSITIONS 256
+static inline int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+static int64_t split_parts(const DecodeAttention *a, int64_t threads) {
+    if (threads == 1 || a->B % threads == 0) return 1;
+    for (int64_t b = 0; b < a->B; b++) {
+        const int64_t len = a->lens[b];
+        if ((a->window > 0 && len > a->window ? a->window : len) >= SPLIT_MIN_POSITIONS)
+            return threads / gcd64(a->B, threads);
+    }
+    return 1;
+}
+
+/* Inside a parallel region, called by every thread alike: the tasks (a sequence, or a part of one) shared
+ * out over the threads, then the parts merged; returns after a barrier. */
+static void decode_attention(const DecodeAttention *a) {
+    const CacheGeometry *c = &a->cache;
+    const int64_t P = split_parts(a, omp_get_num_threads()), H = c->H, D = c->D;
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < a->B * P; task++) {
+        const int64_t b = task / P, part = task % P, len = a->lens[b];
+        const int64_t start = a->window > 0 && len > a->window ? len - a->window : 0, positions = len - start;
+        const int64_t per = (positions + P - 1) / P, from = part * per < positions ? part * per : positions;
+        const int64_t L = (from + per < positions ? from + per : positions) - from;
+        float *p = malloc(sizeof(float) * H * (L > 0 ? L : 1));
+        float *weights = c->scales ? malloc(sizeof(float) * 4 * c->block_size) : NULL;
+        const float *q = a->q + b * a->q_stride;
+        const int64_t *table = a->tables + b * a->table_width;
+        if (P == 1)
+            attend_sequence(c, q, table, start + from, L, p, weights, a->out + b * H * D, NULL);
+        else
+            attend_sequence(c, q, table, start + from, L, p, weights, a->part_out + task * H * D,
+                            a->part_stats + task * H * 2);
+        free(p), free(weights);
+    }
+    if (P > 1) {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < a->B; b++)
+            merge_parts(a->part_out + b * P * H * D, a->part_stats + b * P * H * 2, P, H, D, a->out + b * H * D);
     }
 }
 

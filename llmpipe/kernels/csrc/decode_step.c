@@ -329,19 +329,6 @@ static void rope_heads(const LayerDesc *layer, float *qkv, int64_t B, int64_t H,
     }
 }
 
-/* Into how many parts of their positions a layer's attention tasks (one per sequence and KV head) split:
- * where the tasks do not share out evenly over the threads (SmolLM2's 3 KV heads, Gemma 3's one, on 2
- * threads) and some sequence attends to at least SPLIT_MIN_POSITIONS positions, one part per thread
- * (flash-decoding's split, merged after a barrier); otherwise 1. Called by every thread alike. */
-#define SPLIT_MIN_POSITIONS 256
-static int64_t attention_parts(int64_t tasks, const int64_t *lens, int64_t B, int64_t window) {
-    const int64_t threads = omp_get_num_threads();
-    if (threads == 1 || tasks % threads == 0) return 1;
-    for (int64_t b = 0; b < B; b++)
-        if ((window > 0 && lens[b] > window ? window : lens[b]) >= SPLIT_MIN_POSITIONS) return threads;
-    return 1;
-}
-
 /* The residual add of a linear's output: straight into x, or through its output norm (after a barrier:
  * the norm needs every thread's slice of the row). */
 static void add_output(const LinearDesc *w, const float *norm, const float *in, int64_t B, float *x, int64_t hidden,
@@ -367,7 +354,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
     float *qkv = malloc(sizeof(float) * B * width), *attn = malloc(sizeof(float) * B * H * D);
     float *act = malloc(sizeof(float) * B * I), *out = malloc(sizeof(float) * B * hidden);
     const int64_t max_parts = omp_get_max_threads();
-    float *part_out = malloc(sizeof(float) * B * H * D * max_parts), *part_stats = malloc(sizeof(float) * B * H * 2 * max_parts);
+    float *part_out = malloc(sizeof(float) * B * max_parts * H * D), *part_stats = malloc(sizeof(float) * B * max_parts * H * 2);
 #pragma omp parallel
     {
         Scratch s = scratch_new(B, widest, slice);
@@ -381,32 +368,10 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
 #pragma omp barrier
             rope_heads(layer, qkv, B, H, KVH, D, width, cos + layer->rope * B * D, sin + layer->rope * B * D,
                        layer_slots, cache_half, token_stride, eps, &s);
-            const int64_t P = attention_parts(B * KVH, layer_lens, B, window);
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < B * KVH * P; task++) {
-                const int64_t b = task / (KVH * P), kvh = task / P % KVH, part = task % P, len = layer_lens[b];
-                const int64_t start = window > 0 && len > window ? len - window : 0, positions = len - start;
-                const int64_t per = (positions + P - 1) / P, from = part * per < positions ? part * per : positions;
-                const int64_t first = start + from, L = (from + per < positions ? from + per : positions) - from;
-                float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
-                float *run = layer->kv_scales ? malloc(sizeof(float) * block_size * D) : NULL;
-                const float *q = qkv + b * width + kvh * group * D;
-                KVRows k, v;
-                kv_head_rows(layer->kv_cache, layer->kv_scales, kvh, KVH, D, layer_tables + b * table_width, block_size,
-                             num_blocks, run, &k, &v);
-                if (P == 1)
-                    attend(q, &k, &v, first, L, group, D, scale, p, attn + (b * H + kvh * group) * D);
-                else
-                    attend_part(q, &k, &v, first, L, group, D, scale, p, part_out + task * group * D,
-                                part_stats + task * group * 2);
-                free(p), free(run);
-            }
-            if (P > 1) {
-#pragma omp for schedule(static)
-                for (int64_t task = 0; task < B * KVH; task++)
-                    merge_parts(part_out + task * P * group * D, part_stats + task * P * group * 2, P, group, D,
-                                attn + task * group * D);
-            }
+            const DecodeAttention a = {{layer->kv_cache, layer->kv_scales, H, KVH, D, num_blocks, block_size, scale},
+                                       qkv, width, B, table_width, window, layer_tables, layer_lens, attn, part_out,
+                                       part_stats};
+            decode_attention(&a);
             add_output(&layer->o, layer->attn_out_norm, attn, B, x, hidden, out, eps, &s);
 #pragma omp barrier
             rms_norm_rows(x, layer->post_norm, s.xn, B, hidden, eps);

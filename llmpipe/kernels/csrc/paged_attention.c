@@ -18,19 +18,13 @@
 void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
                             const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
                             int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window) {
-    const int64_t group = H / KVH;
-#pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < B * KVH; task++) {
-        int64_t b = task / KVH, kvh = task % KVH, len = lens[b];
-        int64_t first = window > 0 && len > window ? len - window : 0, L = len - first;
-        float *p = malloc(sizeof(float) * group * (L > 0 ? L : 1));
-        float *run = scales ? malloc(sizeof(float) * block_size * D) : NULL;
-        const float *qh = q + (b * H + kvh * group) * D;
-        KVRows k, v;
-        kv_head_rows(cache, scales, kvh, KVH, D, block_tables + b * table_width, block_size, num_blocks, run, &k, &v);
-        attend(qh, &k, &v, first, L, group, D, scale, p, out + (b * H + kvh * group) * D);
-        free(p), free(run);
-    }
+    const int64_t parts = omp_get_max_threads();
+    float *part_out = malloc(sizeof(float) * B * parts * H * D), *part_stats = malloc(sizeof(float) * B * parts * H * 2);
+    const DecodeAttention a = {{cache, scales, H, KVH, D, num_blocks, block_size, scale}, q, H * D, B, table_width,
+                               window, block_tables, lens, out, part_out, part_stats};
+#pragma omp parallel
+    decode_attention(&a);
+    free(part_out), free(part_stats);
 }
 
 /* A decode-only batch's attention in one call: qkv [B, H + 2 KVH, D] (the fused projection's
