@@ -37,12 +37,12 @@ def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, g
 
 
 @torch.library.register_fake("llmpipe::int4_gemm_dot")
-def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8) -> torch.Tensor:
+def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8, isa: int = 1) -> torch.Tensor:
     return _rows(x, N)
 
 
 @torch.library.register_fake("llmpipe::int8_gemm_dot")
-def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8) -> torch.Tensor:
+def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8, isa: int = 1) -> torch.Tensor:
     return _rows(x, N)
 
 

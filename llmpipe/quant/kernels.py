@@ -100,15 +100,16 @@ def int8_panels(codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.T
     return torch.cat([packed, _panel_scales(scale, k, group, 2)], -1).contiguous()
 
 
-def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8) -> torch.Tensor:
+def int4_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8, isa: int = 1) -> torch.Tensor:
     """x [M, K] float32 contiguous (any M) @ the INT4 weight held as int4_panels → [M, n] float32, x
-    quantized to `bits` blocks: the integer-dot row kernels' function, for many rows at once."""
-    return _library().int4_gemm_dot(x, panels, n, bits)
+    quantized to `bits` blocks: the integer-dot row kernels' function, for many rows at once (`isa` 0
+    forces the AVX2 path)."""
+    return _library().int4_gemm_dot(x, panels, n, bits, isa)
 
 
-def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8) -> torch.Tensor:
+def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, n: int, bits: int = 8, isa: int = 1) -> torch.Tensor:
     """As int4_gemm_dot, for the INT8 weight held as int8_panels."""
-    return _library().int8_gemm_dot(x, panels, n, bits)
+    return _library().int8_gemm_dot(x, panels, n, bits, isa)
 
 
 def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,7 +55,7 @@ def test_each_op_is_a_torch_op_whose_schema_marks_what_it_writes(name):
 
 
 def test_the_integer_dot_ops_default_to_the_fastest_isa():
-    for name in ("int4_linear_dot", "int8_linear_dot"):
+    for name in ("int4_linear_dot", "int8_linear_dot", "int4_gemm_dot", "int8_gemm_dot"):
         (isa,) = [a for a in getattr(torch.ops.llmpipe, name).default._schema.arguments if a.name == "isa"]
         assert isa.default_value == 1
 

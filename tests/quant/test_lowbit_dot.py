@@ -39,10 +39,11 @@ def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
         assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
 
 
+@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int4_panel_kernel_equals_its_reference(shape, group, bits):
+def test_int4_panel_kernel_equals_its_reference(shape, group, bits, isa):
     """Any row count (tiles of four and the 1-3 left over), output rows that do not fill the last panel."""
     out_features, in_features = shape
     torch.manual_seed(out_features + group)
@@ -52,14 +53,15 @@ def test_int4_panel_kernel_equals_its_reference(shape, group, bits):
     assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 192)
     for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int4_gemm_dot(x, panels, out_features, bits)
+        got = kernels.int4_gemm_dot(x, panels, out_features, bits, isa)
         assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
 
 
+@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_int8_panel_kernel_equals_its_reference(shape, group, bits):
+def test_int8_panel_kernel_equals_its_reference(shape, group, bits, isa):
     out_features, in_features = shape
     torch.manual_seed(out_features)
     layer = Int8Linear(in_features, out_features, False, group)
@@ -69,8 +71,25 @@ def test_int8_panel_kernel_equals_its_reference(shape, group, bits):
     assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 320)
     for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int8_gemm_dot(x, panels, out_features, bits)
+        got = kernels.int8_gemm_dot(x, panels, out_features, bits, isa)
         assert_close(got, kernels.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
+
+
+@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+def test_the_vnni_panels_give_the_avx2_panels_results_bit_for_bit(bits):
+    """The same integer dots (dpbusd / dpwssd for maddubs / madd), the same float steps after them."""
+    if 1 not in kernels.dot_isas():
+        pytest.skip("no AVX512-VNNI on this CPU: the AVX2 panels are the only ones")
+    torch.manual_seed(3)
+    int4 = Int4Linear(96, 40, False, 32)
+    int4.load_shard(None, torch.randn(40, 96))
+    int8 = Int8Linear(96, 40, False, 16)
+    int8.q.copy_(torch.randint(-128, 128, int8.q.shape, dtype=torch.int8))
+    int8.scale.copy_(torch.rand(int8.scale.shape) / 100)
+    for layer, op in ((int4, kernels.int4_gemm_dot), (int8, kernels.int8_gemm_dot)):
+        x = layer.kernel_input(torch.randn(11, 96))
+        avx2, vnni = (op(x, layer.batch_panels(), 40, bits, isa) for isa in (0, 1))
+        assert torch.equal(avx2, vnni)
 
 
 def test_int4_batches_take_the_panels_from_two_rows():

@@ -226,9 +226,8 @@ static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
     quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum); /* sums per block: the panels' offsets are */
     if (wide) widen_planes(s->qx, w->K, B * w->K, B, w->K, (int16_t *)s->qp); /* qp: as many bytes as two planes */
     const int8_t *rows = wide ? s->qp : s->qx;
-    WITH_PANEL_KIND(kind, WITH_PLANES(planes, panel_rows(KIND, w->panels, n0 / PANEL, (n1 + PANEL - 1) / PANEL, rows,
-                                                         wide ? 2 * w->K : w->K, B * w->K, s->dx, s->xsum, B, n1,
-                                                         w->K, s->y, n1 - n0, n0, PL);););
+    panel_rows(1, kind, planes, w->panels, n0 / PANEL, (n1 + PANEL - 1) / PANEL, rows, wide ? 2 * w->K : w->K, B * w->K,
+               s->dx, s->xsum, B, n1, w->K, s->y, n1 - n0, n0);
 }
 
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */

@@ -17,9 +17,10 @@
 #include "lowbit_panels.h"
 
 /* y[M, N] (any M) = x[M, K] @ W^T, x quantized here to `bits` 8 or 16; panels [ceil(N / 8), K / 32,
- * INT4_PANEL_BYTES or INT8_PANEL_BYTES] (quant/kernels.py lays them out). Requires K % 32 == 0. */
+ * INT4_PANEL_BYTES or INT8_PANEL_BYTES] (quant/kernels.py lays them out). Requires K % 32 == 0. `isa`: 0
+ * AVX2, 1 VNNI where the CPU has it (the same integers either way). */
 static void gemm_dot(int kind, const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K,
-                     int64_t bits) {
+                     int64_t bits, int64_t isa) {
     const int planes = bits == 16 ? 2 : 1;
     const int64_t B = K / BLOCK, P = (N + PANEL - 1) / PANEL;
     int8_t *qx = malloc(activation_bytes(M, K, planes));
@@ -34,15 +35,18 @@ static void gemm_dot(int kind, const float *x, const uint8_t *panels, float *y, 
     }
     const int8_t *rows = wide ? (const int8_t *)wide : qx;
     /* Threads take whole panels: a panel's codes (B blocks) stay in L1 across the row tiles. */
-    WITH_PANEL_KIND(kind, WITH_PLANES(planes, _Pragma("omp parallel for schedule(static)") for (int64_t p = 0; p < P; p++)
-        panel_rows(KIND, panels, p, p + 1, rows, wide ? 2 * K : PL * K, K, dx, xsum, M, N, K, y, N, 0, PL);););
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < P; p++)
+        panel_rows(isa, kind, planes, panels, p, p + 1, rows, wide ? 2 * K : planes * K, K, dx, xsum, M, N, K, y, N, 0);
     free(qx), free(dx), free(xsum), free(wide);
 }
 
-void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits) {
-    gemm_dot(PANEL_INT4, x, panels, y, M, N, K, bits);
+void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                   int64_t isa) {
+    gemm_dot(PANEL_INT4, x, panels, y, M, N, K, bits, isa);
 }
 
-void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits) {
-    gemm_dot(PANEL_INT8, x, panels, y, M, N, K, bits);
+void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                   int64_t isa) {
+    gemm_dot(PANEL_INT8, x, panels, y, M, N, K, bits, isa);
 }

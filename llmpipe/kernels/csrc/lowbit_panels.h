@@ -30,12 +30,14 @@ enum { PANEL_INT4 = 0, PANEL_INT8 = 1 };
 /* The 4 bytes of an activation row at x as a vector of 8 copies. */
 static inline __m256i quad_copies(const int8_t *x) { return _mm256_set1_epi32(*(const int32_t *)x); }
 
-/* INT4 block: the dot of each of MR rows' plane `pl` with the panel's 8 rows, as 8 int32 lanes. The
+/* INT4 block: the dot of each of MR rows' plane with the panel's 8 rows, as 8 int32 lanes (`high`: the
+ * high plane of two, times 128). The
  * unsigned codes (0..15) times |x| <= 127 give pair sums <= 3,810, so all 8 quads add in int16
  * (<= 30,480) before one widening multiply-add, as llama.cpp's AVX2 Q4 dots do. */
-static inline __attribute__((always_inline)) void int4_block_dots(const uint8_t *block, const int8_t *x, int64_t row_bytes,
-                                                                  __m256i pair_weight, __m256i dots[], const int MR) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
+static inline __attribute__((always_inline)) void int4_block_dots_avx2(const uint8_t *block, const int8_t *x,
+                                                                       int64_t row_bytes, int high, __m256i dots[],
+                                                                       const int MR) {
+    const __m256i pair_weight = high ? HIGH16 : ONES16, nibble = _mm256_set1_epi8(0x0F);
     __m256i sums[GEMM_ROWS];
     for (int r = 0; r < MR; r++) sums[r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
@@ -53,9 +55,10 @@ static inline __attribute__((always_inline)) void int4_block_dots(const uint8_t 
 /* INT8 block, per half (inputs 0-15: dots[r][0], 16-31: dots[r][1]). Signed codes: the high plane
  * (signed) takes llama.cpp's sign trick, |w| times x carrying w's sign; the low plane (0..127) meets
  * the codes directly. Pair sums reach 2 * 128 * 127: each quad widens on its own. */
-static inline __attribute__((always_inline)) void int8_block_dots(const uint8_t *block, const int8_t *x, int64_t row_bytes,
-                                                                  __m256i pair_weight, int low_plane,
-                                                                  __m256i dots[][2], const int MR) {
+static inline __attribute__((always_inline)) void int8_block_dots_avx2(const uint8_t *block, const int8_t *x,
+                                                                       int64_t row_bytes, int high, int low_plane,
+                                                                       __m256i dots[][2], const int MR) {
+    const __m256i pair_weight = high ? HIGH16 : ONES16;
     for (int r = 0; r < MR; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
     for (int q = 0; q < 8; q++) {
         const __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * q)), wabs = _mm256_sign_epi8(w, w);
@@ -82,7 +85,7 @@ static inline void widen_planes(const int8_t *qx, int64_t row_bytes, int64_t pla
 /* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
  * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
  * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */
-static inline __attribute__((always_inline)) void int8_block_dots_wide(const uint8_t *block, const int16_t *x, int64_t K,
+static inline __attribute__((always_inline)) void int8_block_dots_wide_avx2(const uint8_t *block, const int16_t *x, int64_t K,
                                                                        __m256i dots[][2], const int MR) {
     for (int h = 0; h < 2; h++) {
         __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
@@ -101,74 +104,62 @@ static inline __attribute__((always_inline)) void int8_block_dots_wide(const uin
     }
 }
 
-/* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
- * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
- * block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */
-static inline __attribute__((always_inline)) void panel_tile(const int kind, const uint8_t *panel, const int8_t *qx,
-                                                             int64_t row_bytes, int64_t plane_bytes, const float *dx,
-                                                             const float *xsum, int64_t K, float out[][PANEL],
-                                                             const int MR, const int PL) {
-    const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
-    const int64_t code_bytes = kind == PANEL_INT4 ? 128 : 256;
-    __m256 acc[GEMM_ROWS];
-    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < B; b++) {
-        const uint8_t *block = panel + b * block_bytes;
-        const float *scales = (const float *)(block + code_bytes);
-        __m256i dots[GEMM_ROWS][2];
-        if (kind == PANEL_INT8 && PL == 2)
-            int8_block_dots_wide(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
-        else for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
-            const __m256i pair_weight = PL == 2 && pl == 0 ? HIGH16 : ONES16;
-            const int8_t *x = qx + pl * plane_bytes + b * BLOCK;
-            __m256i d[GEMM_ROWS][2];
-            if (kind == PANEL_INT4) {
-                __m256i whole[GEMM_ROWS];
-                int4_block_dots(block, x, row_bytes, pair_weight, whole, MR);
-                for (int r = 0; r < MR; r++) d[r][0] = whole[r];
-            } else {
-                int8_block_dots(block, x, row_bytes, pair_weight, pl == 1, d, MR);
-            }
-            for (int r = 0; r < MR; r++)
-                for (int h = 0; h < (kind == PANEL_INT4 ? 1 : 2); h++)
-                    dots[r][h] = pl == 0 ? d[r][h] : _mm256_add_epi32(dots[r][h], d[r][h]);
-        }
+
+/* ---- AVX512-VNNI (256-bit dpbusd / dpwssd): the same integer dots, accumulated in int32 directly ---- */
+
+/* int4_block_dots_avx2's dots: each quad's codes times the copies in one dpbusd (the high plane's,
+ * times 128, shifted). */
+VNNI static inline __attribute__((always_inline)) void int4_block_dots_vnni(const uint8_t *block, const int8_t *x,
+                                                                       int64_t row_bytes, int high, __m256i dots[],
+                                                                       const int MR) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    for (int r = 0; r < MR; r++) dots[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+        const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
         for (int r = 0; r < MR; r++) {
-            const __m256 d = _mm256_set1_ps(dx[r * B + b]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][0]), _mm256_mul_ps(_mm256_loadu_ps(scales), d), acc[r]);
-            if (kind == PANEL_INT4)
-                acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scales + PANEL), _mm256_set1_ps(xsum[r * B + b]), acc[r]);
-            else
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][1]), _mm256_mul_ps(_mm256_loadu_ps(scales + PANEL), d), acc[r]);
+            const int8_t *xr = x + r * row_bytes + 4 * j;
+            dots[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(dots[r], first, quad_copies(xr)), second, quad_copies(xr + 16));
         }
     }
-    for (int r = 0; r < MR; r++) _mm256_storeu_ps(out[r], acc[r]);
+    if (high)
+        for (int r = 0; r < MR; r++) dots[r] = _mm256_slli_epi32(dots[r], 7);
 }
 
-#define PANEL_TILE(MR)                                                                                  \
-    do {                                                                                                \
-        panel_tile(kind, panel, qx + m0 * row_bytes, row_bytes, plane_bytes, dx + m0 * B, xsum + m0 * B, K, out, MR, PL); \
-        for (int r = 0; r < MR; r++) memcpy(y + (m0 + r) * ld + col, out[r], sizeof(float) * cols);     \
-    } while (0)
-
-/* Every row of M against panels [p0, p1): output n (< N) landing in y[m * ld + n - n0]. The rows'
- * quantized planes as panel_tile takes them. */
-static inline __attribute__((always_inline)) void panel_rows(
-    const int kind, const uint8_t *panels, int64_t p0, int64_t p1, const int8_t *qx, int64_t row_bytes,
-    int64_t plane_bytes, const float *dx, const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
-    int64_t n0, const int PL) {
-    const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
-    for (int64_t p = p0; p < p1; p++) {
-        float out[GEMM_ROWS][PANEL];
-        const uint8_t *panel = panels + p * B * block_bytes;
-        const int64_t col = p * PANEL - n0, cols = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
-        int64_t m0 = 0;
-        for (; m0 + GEMM_ROWS <= M; m0 += GEMM_ROWS) PANEL_TILE(GEMM_ROWS);
-        switch (M - m0) {
-        case 1: PANEL_TILE(1); break;
-        case 2: PANEL_TILE(2); break;
-        case 3: PANEL_TILE(3); break;
+/* int8_block_dots_avx2's dots: the high plane through the sign trick, the low one (unsigned) direct. */
+VNNI static inline __attribute__((always_inline)) void int8_block_dots_vnni(const uint8_t *block, const int8_t *x,
+                                                                       int64_t row_bytes, int high, int low_plane,
+                                                                       __m256i dots[][2], const int MR) {
+    for (int r = 0; r < MR; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * q)), wabs = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < MR; r++) {
+            const __m256i xq = quad_copies(x + r * row_bytes + 4 * q);
+            dots[r][q / 4] = low_plane ? _mm256_dpbusd_epi32(dots[r][q / 4], xq, w)
+                                       : _mm256_dpbusd_epi32(dots[r][q / 4], wabs, _mm256_sign_epi8(xq, w));
         }
+    }
+    if (high)
+        for (int r = 0; r < MR; r++) dots[r][0] = _mm256_slli_epi32(dots[r][0], 7), dots[r][1] = _mm256_slli_epi32(dots[r][1], 7);
+}
+
+/* int8_block_dots_wide_avx2's dots, each widening multiply-add and its add one dpwssd. */
+VNNI static inline __attribute__((always_inline)) void int8_block_dots_wide_vnni(const uint8_t *block, const int16_t *x,
+                                                                            int64_t K, __m256i dots[][2], const int MR) {
+    for (int h = 0; h < 2; h++) {
+        __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
+        for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int q = 4 * h; q < 4 * h + 4; q++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));
+            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+            for (int r = 0; r < MR; r++) {
+                const __m256i xq = _mm256_set1_epi64x(*(const int64_t *)(x + r * K + 4 * q));
+                lo[r] = _mm256_dpwssd_epi32(lo[r], wl, xq);
+                hi[r] = _mm256_dpwssd_epi32(hi[r], wh, xq);
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
     }
 }
 
@@ -178,3 +169,24 @@ static inline __attribute__((always_inline)) void panel_rows(
         if ((kind_value) == PANEL_INT4) { enum { KIND = PANEL_INT4 }; __VA_ARGS__ }                      \
         else { enum { KIND = PANEL_INT8 }; __VA_ARGS__ }                                                 \
     } while (0)
+
+#define ISA_CAT_(name, isa) name##_##isa
+#define ISA_CAT(name, isa) ISA_CAT_(name, isa)
+#define ISA avx2
+#define ISA_ATTR
+#include "lowbit_panel_tile.h"
+#undef ISA
+#undef ISA_ATTR
+#define ISA vnni
+#define ISA_ATTR VNNI
+#include "lowbit_panel_tile.h"
+#undef ISA
+#undef ISA_ATTR
+
+/* Every row of M against panels [p0, p1) (panel_tiles), on VNNI where `vnni` and the CPU has it. */
+static inline void panel_rows(int vnni, int kind, int planes, const uint8_t *panels, int64_t p0, int64_t p1,
+                              const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, const float *dx,
+                              const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld, int64_t n0) {
+    (vnni && use_vnni() ? panel_rows_vnni : panel_rows_avx2)(kind, planes, panels, p0, p1, qx, row_bytes, plane_bytes,
+                                                             dx, xsum, M, N, K, y, ld, n0);
+}

@@ -27,8 +27,10 @@ void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, c
 void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N,
                      int64_t K, int64_t group, int64_t bits, int64_t isa);
 // lowbit_gemm.c
-void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits);
-void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits);
+void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                   int64_t isa);
+void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                   int64_t isa);
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
@@ -168,17 +170,17 @@ at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panel
     return float_empty(M, N);
 }
 
-at::Tensor int4_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits) {
+at::Tensor int4_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits, int64_t isa) {
     at::Tensor y = gemm_dot("int4_gemm_dot", x, panels, N, bits, INT4_PANEL_BYTES);
     kernels::int4_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
-                           x.size(0), N, x.size(1), bits);
+                           x.size(0), N, x.size(1), bits, isa);
     return y;
 }
 
-at::Tensor int8_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits) {
+at::Tensor int8_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits, int64_t isa) {
     at::Tensor y = gemm_dot("int8_gemm_dot", x, panels, N, bits, INT8_PANEL_BYTES);
     kernels::int8_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
-                           x.size(0), N, x.size(1), bits);
+                           x.size(0), N, x.size(1), bits, isa);
     return y;
 }
 
@@ -344,8 +346,8 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor");
     m.def("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor");
     m.def("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor");
-    m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8) -> Tensor");
-    m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8) -> Tensor");
+    m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
+    m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "

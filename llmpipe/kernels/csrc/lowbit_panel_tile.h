@@ -1,0 +1,87 @@
+/* panel_tile and panel_rows for one instruction set, included by lowbit_panels.h once per ISA (ISA its
+ * name, ISA_ATTR its target attribute): the tiles are the same, the block dots ISA's own. */
+#define ISA_FN(name) ISA_CAT(name, ISA)
+
+/* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
+ * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
+ * block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */
+ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tile)(const int kind, const uint8_t *panel, const int8_t *qx,
+                                                             int64_t row_bytes, int64_t plane_bytes, const float *dx,
+                                                             const float *xsum, int64_t K, float out[][PANEL],
+                                                             const int MR, const int PL) {
+    const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
+    const int64_t code_bytes = kind == PANEL_INT4 ? 128 : 256;
+    __m256 acc[GEMM_ROWS];
+    for (int r = 0; r < MR; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < B; b++) {
+        const uint8_t *block = panel + b * block_bytes;
+        const float *scales = (const float *)(block + code_bytes);
+        __m256i dots[GEMM_ROWS][2];
+        if (kind == PANEL_INT8 && PL == 2)
+            ISA_FN(int8_block_dots_wide)(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
+        else for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
+            const int8_t *x = qx + pl * plane_bytes + b * BLOCK;
+            __m256i d[GEMM_ROWS][2];
+            if (kind == PANEL_INT4) {
+                __m256i whole[GEMM_ROWS];
+                ISA_FN(int4_block_dots)(block, x, row_bytes, PL == 2 && pl == 0, whole, MR);
+                for (int r = 0; r < MR; r++) d[r][0] = whole[r];
+            } else {
+                ISA_FN(int8_block_dots)(block, x, row_bytes, PL == 2 && pl == 0, pl == 1, d, MR);
+            }
+            for (int r = 0; r < MR; r++)
+                for (int h = 0; h < (kind == PANEL_INT4 ? 1 : 2); h++)
+                    dots[r][h] = pl == 0 ? d[r][h] : _mm256_add_epi32(dots[r][h], d[r][h]);
+        }
+        for (int r = 0; r < MR; r++) {
+            const __m256 d = _mm256_set1_ps(dx[r * B + b]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][0]), _mm256_mul_ps(_mm256_loadu_ps(scales), d), acc[r]);
+            if (kind == PANEL_INT4)
+                acc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(scales + PANEL), _mm256_set1_ps(xsum[r * B + b]), acc[r]);
+            else
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][1]), _mm256_mul_ps(_mm256_loadu_ps(scales + PANEL), d), acc[r]);
+        }
+    }
+    for (int r = 0; r < MR; r++) _mm256_storeu_ps(out[r], acc[r]);
+}
+
+#define PANEL_TILE(MR)                                                                                  \
+    do {                                                                                                \
+        ISA_FN(panel_tile)(kind, panel, qx + m0 * row_bytes, row_bytes, plane_bytes, dx + m0 * B, xsum + m0 * B, K, out, MR, PL); \
+        for (int r = 0; r < MR; r++) memcpy(y + (m0 + r) * ld + col, out[r], sizeof(float) * cols);     \
+    } while (0)
+
+/* Every row of M against panels [p0, p1): output n (< N) landing in y[m * ld + n - n0]. The rows'
+ * quantized planes as panel_tile takes them. */
+ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tiles)(
+    const int kind, const uint8_t *panels, int64_t p0, int64_t p1, const int8_t *qx, int64_t row_bytes,
+    int64_t plane_bytes, const float *dx, const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
+    int64_t n0, const int PL) {
+    const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
+    for (int64_t p = p0; p < p1; p++) {
+        float out[GEMM_ROWS][PANEL];
+        const uint8_t *panel = panels + p * B * block_bytes;
+        const int64_t col = p * PANEL - n0, cols = N - p * PANEL < PANEL ? N - p * PANEL : PANEL;
+        int64_t m0 = 0;
+        for (; m0 + GEMM_ROWS <= M; m0 += GEMM_ROWS) PANEL_TILE(GEMM_ROWS);
+        switch (M - m0) {
+        case 1: PANEL_TILE(1); break;
+        case 2: PANEL_TILE(2); break;
+        case 3: PANEL_TILE(3); break;
+        }
+    }
+}
+
+
+/* panel_tiles with the kind and plane count as constants, each combination its own loops; a function of
+ * its own, so its ISA's code is entered through one call. */
+ISA_ATTR static void ISA_FN(panel_rows)(int kind, int planes, const uint8_t *panels, int64_t p0, int64_t p1,
+                                        const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, const float *dx,
+                                        const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
+                                        int64_t n0) {
+    WITH_PANEL_KIND(kind, WITH_PLANES(planes, ISA_FN(panel_tiles)(KIND, panels, p0, p1, qx, row_bytes, plane_bytes, dx,
+                                                                  xsum, M, N, K, y, ld, n0, PL);););
+}
+
+#undef PANEL_TILE
+#undef ISA_FN
