@@ -60,7 +60,8 @@ class ModelRunner:
         self.copy_blocks(batch.block_copies)
         ids, positions, metas, logit_rows = self.prepare_inputs(batch)
         hidden = self.model(ids, positions, self.kv_cache.layers, metas)
-        return self.model.compute_logits(hidden[logit_rows])
+        sampled = not any(item.seq.needs_prompt_logprobs for item in batch.prefills)  # rows to sample from only
+        return self.model.compute_logits(hidden[logit_rows], sampled)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """The block copies the scheduler queued (prefix hits inside a block, forked samples), before any write."""

@@ -24,6 +24,16 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group
     return _rows(x, codes.shape[0])
 
 
+@torch.library.register_fake("llmpipe::int4_dequantize")
+def int4_dequantize(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
+    return codes.new_empty(codes.shape[0], 2 * codes.shape[1], dtype=torch.float32)
+
+
+@torch.library.register_fake("llmpipe::int8_dequantize")
+def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    return codes.new_empty(codes.shape, dtype=torch.float32)
+
+
 @torch.library.register_fake("llmpipe::int4_linear_dot")
 def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,
                     bits: int = 8, isa: int = 1) -> torch.Tensor:

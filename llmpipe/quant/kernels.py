@@ -37,6 +37,16 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group
     return _library().int8_linear(x, codes, scale, group)
 
 
+def int4_dequantize(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
+    """The float32 weight [N, K] of INT4 codes [N, K / 2]: code * scale + offset, bit for bit as in PyTorch."""
+    return _library().int4_dequantize(codes, scale, offset, group)
+
+
+def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
+    """The float32 weight [N, K] of INT8 codes [N, K]: code * scale."""
+    return _library().int8_dequantize(codes, scale, group)
+
+
 def dot_available() -> bool:
     return _library() is not None  # one library holds both kinds of kernel
 

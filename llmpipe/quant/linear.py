@@ -100,12 +100,15 @@ class QuantizedLinear(nn.Module):
             shards = [self._staged.pop(i) for i in range(len(self.shard_sizes))]
             self.pack(shards)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, sampled: bool = False) -> torch.Tensor:
+        """sampled: x's rows are the positions a step samples from (an LM head's, one a sequence): with
+        activation quantization they take the integer kernels at any count, as decode's do, so a sampled
+        token's logits do not depend on how many sequences share its step."""
         x = self.kernel_input(x)
         # Float activations: batches past KERNEL_MAX_BATCH rows (prefill chunks) take the float GEMM,
         # several times faster than the row kernels run MAX_ROWS rows at a time. Activation
         # quantization: the integer kernels up to PANEL_MAX_ROWS (the panels read each weight once).
-        every_row = self.quantized_prefill and self.activation_bits is not None
+        every_row = (self.quantized_prefill or sampled) and self.activation_bits is not None
         if self.float_weight is not None and x.shape[0] >= FLOAT_BATCH_MIN_ROWS and not every_row:
             return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
         rows = x.shape[0]
@@ -177,6 +180,11 @@ class QuantizedLinear(nn.Module):
         """The float weight [out (or rows), padded_in] the kernel multiplies kernel_input(x) by."""
         raise NotImplementedError
 
+    def _dequantizes_in_c(self) -> bool:
+        """Whether the whole weight dequantizes in one C pass (kernels.int4_dequantize / int8_dequantize:
+        PyTorch's values, without its passes over a float copy per operation): CPU buffers, the library built."""
+        return self.scale.device.type == "cpu" and kernels.available()
+
 
 class Int8Linear(QuantizedLinear):
     """Symmetric INT8: w = q * scale[row, group]; one group per row unless group_size is set (Q8_0: 32)."""
@@ -211,6 +219,8 @@ class Int8Linear(QuantizedLinear):
         return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is None and self._dequantizes_in_c():
+            return kernels.int8_dequantize(self.q, self.scale, self.group_size)
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
         return _apply_groups(q.float(), self.group_size, scale)
 
@@ -258,6 +268,8 @@ class Int4Linear(QuantizedLinear):
         return kernels.int4_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is None and self._dequantizes_in_c():
+            return kernels.int4_dequantize(self.codes, self.scale, self.offset, self.group_size)
         codes, scale, offset = (self.codes, self.scale, self.offset) if rows is None else (
             self.codes[rows], self.scale[rows], self.offset[rows]
         )

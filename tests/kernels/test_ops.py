@@ -14,6 +14,7 @@ pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FM
 
 WRITES = {  # op → the arguments it writes in place
     "int4_linear": set(), "int8_linear": set(), "int4_linear_dot": set(), "int8_linear_dot": set(), "has_vnni": set(),
+    "int4_dequantize": set(), "int8_dequantize": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
     "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
 }
@@ -63,6 +64,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
 @pytest.mark.parametrize("op, args", [
     ("int4_linear", lowbit_args(3, int4=True)), ("int8_linear", lowbit_args(3, int4=False)),
     ("int4_linear_dot", lowbit_args(1, int4=True)), ("int8_linear_dot", lowbit_args(1, int4=False)),
+    ("int4_dequantize", lowbit_args(1, int4=True)[1:]), ("int8_dequantize", lowbit_args(1, int4=False)[1:]),
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *int8_attention_args().values(), 0.25, 4, INT8_SCALES)),
@@ -121,6 +123,10 @@ def test_shapes_the_c_code_does_not_take_are_refused():
     assert "multiples of 32" in refusal("int4_linear", x, codes, torch.randn(48, K // 16), torch.randn(48, K // 16), 16)  # INT8 only
     assert "scale must have size 48 in dimension 0" in refusal("int4_linear", x, codes, scale[:40], offset, GROUP)
     assert "bits must be 8 or 16, got 4" in refusal("int4_linear_dot", x, codes, scale, offset, GROUP, 4)
+    assert "int4_dequantize: offset must have size 48 in dimension 0" in refusal(
+        "int4_dequantize", codes, scale, offset[:40], GROUP)
+    assert "int8_dequantize: scale must have size 4 in dimension 1" in refusal(
+        "int8_dequantize", torch.zeros(N, K, dtype=torch.int8), scale, 16)
     assert "K must be a multiple of 16" in refusal("small_batch_linear", torch.randn(2, 24), torch.randn(8, 24))
     a = attention_args()
     assert "head dim must be a multiple of 8" in refusal(

@@ -111,6 +111,24 @@ def test_int4_batches_take_the_panels_from_two_rows():
     assert layer.panels is None and not torch.equal(layer.batch_panels(), pack_again)
 
 
+def test_an_lm_heads_sampled_rows_take_the_decode_numerics_at_any_batch_size():
+    """With 16-bit blocks a linear keeps the exact GEMM past 32 rows (prefill chunks, a scored text); rows
+    marked sampled (the positions a step samples from) take the integer kernels at any count, so a sampled
+    token's logits are the same however many sequences share the step."""
+    torch.manual_seed(0)
+    head = Int8Linear(96, 40, False, 32)
+    head.q.copy_(torch.randint(-127, 128, head.q.shape, dtype=torch.int8))
+    head.scale.copy_(torch.rand(head.scale.shape) / 100)
+    head.activation_bits = 16
+    x = torch.randn(300, 96)
+    exact = x.double() @ head.kernel_weight().double().T
+    decode = reference_forward(head, x, 16).double()
+    for rows in (3, 40, 300):
+        assert_close(head(x[:rows], sampled=True), decode[:rows])
+        assert_close(head(x[:rows]), decode[:rows] if rows <= PANEL_MAX_ROWS[16] else exact[:rows])
+    assert not torch.allclose(decode, exact, rtol=0, atol=1e-9)  # the two numerics do differ
+
+
 @pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
 @pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
@@ -215,3 +233,23 @@ def test_long_prefill_chunks_take_the_float_gemm_unless_asked(tiny_checkpoint):
             else:
                 assert error > 1e-6
                 assert_close(out, reference_forward(layer, x[:rows], bits).double())
+
+
+def test_the_runner_marks_the_rows_it_samples_from(tiny_checkpoint):
+    """A step with no prompt-logprob rows sends its logit rows to the head as sampled (decode numerics
+    for any number of sequences); a step computing prompt logprobs, and scoring, do not."""
+    path = str(tiny_checkpoint("llama_gqa"))
+    llm = LLM(path, progress=False, quantization="int8", activation_quantization="int16")
+    head = llm.engine.model.lm_head
+    seen = []
+    head.register_forward_hook(lambda module, args, kwargs, out: seen.append((args[0].shape[0], kwargs.get("sampled", False))),
+                               with_kwargs=True)
+    prompts = [{"prompt_token_ids": [3 + i, 9, 27]} for i in range(40)]
+    llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert seen and all(sampled for _, sampled in seen) and max(rows for rows, _ in seen) == 40
+    seen.clear()
+    llm.generate(prompts[:1], SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
+    assert seen[0] == (1 + 2, False)  # the last position, then two prompt positions
+    seen.clear()
+    llm.engine.score([1, 2, 3, 4])
+    assert [sampled for _, sampled in seen] == [False]

@@ -121,3 +121,25 @@ def test_layers_fall_back_to_dequantize_without_the_kernels(monkeypatch):
     layer, weight = int4_layer(96, 64, 32)
     monkeypatch.setattr(kernels, "available", lambda: False)
     assert_matches_reference(layer, weight)
+
+
+@pytest.mark.parametrize("shape, group", [((96, 64), 32), ((51, 576), 128), ((40, 160), 64)], ids=str)
+def test_int4_weights_dequantize_in_c_to_pytorchs_bits(shape, group):
+    """The C pass (whole weights, for the float GEMM of long prefill chunks) against the PyTorch
+    dequantization (which rows of a lookup still take): equal bit for bit, narrow last groups included."""
+    if not kernels.available():
+        pytest.skip("no C compiler / AVX2: PyTorch dequantizes")
+    layer, _ = int4_layer(*shape, group)
+    layer.offset.copy_(torch.randn(layer.offset.shape))
+    assert layer._dequantizes_in_c()
+    assert torch.equal(layer.kernel_weight(), layer.kernel_weight(torch.arange(shape[0])))
+
+
+@pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
+def test_int8_weights_dequantize_in_c_to_pytorchs_bits(group):
+    if not kernels.available():
+        pytest.skip("no C compiler / AVX2: PyTorch dequantizes")
+    layer = Int8Linear(96, 37, False, group)
+    layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))
+    layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
+    assert torch.equal(layer.kernel_weight(), layer.kernel_weight(torch.arange(37)))

@@ -7,6 +7,7 @@
  * int8: W[n, k] = code * scale[n, g].
  * Requires K % 32 == 0, group % 32 == 0, M <= MAX_ROWS (the caller pads / splits). The last group
  * may be narrower than `group` (SmolLM2's K = 576 at group 128): ceil(K / group) groups per row.
+ * int4_dequantize / int8_dequantize write W itself out, for the float GEMM of long prefill chunks.
  * A single activation row (batch-1 decode) takes two output rows at a time with four accumulators
  * each: eight independent FMA chains, where one row's two would wait on FMA latency.
  */
@@ -52,4 +53,31 @@ void int8_linear(const float *x, const int8_t *codes, const float *scale, float 
     _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)                   \
         int8_row(x, codes + n * K, scale + n * G, y, n, N, K, group, MR)
     FOR_ROWS(M, INT8_ROWS)
+}
+
+/* W itself, as float32 [N, K] (the float GEMM of long prefill chunks multiplies by it): code * scale, then
+ * + offset — two roundings, never contracted into an FMA, so the bits are PyTorch's (quant/linear.py's
+ * kernel_weight). One pass, output rows shared over the threads. */
+__attribute__((optimize("fp-contract=off"))) void int4_dequantize(const uint8_t *codes, const float *scale,
+                                                                   const float *offset, float *w, int64_t N,
+                                                                   int64_t K, int64_t group) {
+    const int64_t G = num_groups(K, group);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < K; c += 32) {
+            const __m256 s = _mm256_set1_ps(scale[n * G + c / group]), o = _mm256_set1_ps(offset[n * G + c / group]);
+            __m256 v[4];
+            int4_chunk(codes + n * (K / 2) + c / 2, v);
+            for (int i = 0; i < 4; i++) _mm256_storeu_ps(w + n * K + c + 8 * i, _mm256_add_ps(_mm256_mul_ps(v[i], s), o));
+        }
+}
+
+void int8_dequantize(const int8_t *codes, const float *scale, float *w, int64_t N, int64_t K, int64_t group) {
+    const int64_t G = num_groups(K, group);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k += 8) {
+            const __m128i c = _mm_loadl_epi64((const __m128i *)(codes + n * K + k));
+            _mm256_storeu_ps(w + n * K + k, _mm256_mul_ps(sbytes_to_float(c), _mm256_set1_ps(scale[n * G + k / group])));
+        }
 }

@@ -20,6 +20,9 @@ void int4_linear(const float *x, const uint8_t *codes, const float *scale, const
                  int64_t N, int64_t K, int64_t group);
 void int8_linear(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N, int64_t K,
                  int64_t group);
+void int4_dequantize(const uint8_t *codes, const float *scale, const float *offset, float *w, int64_t N, int64_t K,
+                     int64_t group);
+void int8_dequantize(const int8_t *codes, const float *scale, float *w, int64_t N, int64_t K, int64_t group);
 // lowbit_dot.c
 int has_vnni(void);
 void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
@@ -83,32 +86,56 @@ struct Shape {
     int64_t M, N, K;
 };
 
-// x [M <= MAX_ROWS, K] float32; codes [N, K / codes_per_byte]; scale (and offset) [N, ceil(K / group)];
-// K and group multiples of CHUNK (INT8: or groups of HALF_CHUNK).
-Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes, at::ScalarType code_type,
-                   int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
-    check(op, "x", x, at::kFloat, 2);
+// codes [N, K / codes_per_byte]; scale (and offset) [N, ceil(K / group)]; K and group multiples of CHUNK
+// (INT8: or groups of HALF_CHUNK). Returns N.
+int64_t check_codes(const char *op, int64_t K, const at::Tensor &codes, at::ScalarType code_type,
+                    int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
     check(op, "codes", codes, code_type, 2);
     check(op, "scale", scale, at::kFloat, 2);
-    const Shape s{x.size(0), codes.size(0), x.size(1)};
-    TORCH_CHECK(s.M >= 1 && s.M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", s.M);
+    const int64_t N = codes.size(0);
     const bool half_groups = codes_per_byte == 1 && group == HALF_CHUNK;  // INT8 only: two scales a chunk
-    TORCH_CHECK(s.K % CHUNK == 0 && group > 0 && (group % CHUNK == 0 || half_groups), op, ": K (", s.K,
+    TORCH_CHECK(K % CHUNK == 0 && group > 0 && (group % CHUNK == 0 || half_groups), op, ": K (", K,
                 ") and group (", group, ") must be positive multiples of ", CHUNK,
                 codes_per_byte == 1 ? " (or a group of 16)" : "");
-    check_size(op, "codes", codes, 1, s.K / codes_per_byte);
-    const int64_t groups = (s.K + group - 1) / group;
-    check_size(op, "scale", scale, 0, s.N);
+    check_size(op, "codes", codes, 1, K / codes_per_byte);
+    const int64_t groups = (K + group - 1) / group;
+    check_size(op, "scale", scale, 0, N);
     check_size(op, "scale", scale, 1, groups);
     if (offset != nullptr) {
         check(op, "offset", *offset, at::kFloat, 2);
-        check_size(op, "offset", *offset, 0, s.N);
+        check_size(op, "offset", *offset, 0, N);
         check_size(op, "offset", *offset, 1, groups);
     }
+    return N;
+}
+
+// x [M <= MAX_ROWS, K] float32, and check_codes' weight.
+Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes, at::ScalarType code_type,
+                   int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
+    check(op, "x", x, at::kFloat, 2);
+    const Shape s{x.size(0), check_codes(op, x.size(1), codes, code_type, codes_per_byte, scale, offset, group), x.size(1)};
+    TORCH_CHECK(s.M >= 1 && s.M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", s.M);
     return s;
 }
 
 at::Tensor float_empty(int64_t rows, int64_t cols) { return at::empty({rows, cols}, at::dtype(at::kFloat)); }
+
+// The float weight [N, K] of INT4 codes [N, K / 2] (code * scale + offset) or INT8 codes [N, K] (code * scale).
+at::Tensor int4_dequantize(const at::Tensor &codes, const at::Tensor &scale, const at::Tensor &offset, int64_t group) {
+    const int64_t K = 2 * codes.size(-1), N = check_codes("int4_dequantize", K, codes, at::kByte, 2, scale, &offset, group);
+    at::Tensor w = float_empty(N, K);
+    kernels::int4_dequantize(codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                             offset.const_data_ptr<float>(), w.mutable_data_ptr<float>(), N, K, group);
+    return w;
+}
+
+at::Tensor int8_dequantize(const at::Tensor &codes, const at::Tensor &scale, int64_t group) {
+    const int64_t K = codes.size(-1), N = check_codes("int8_dequantize", K, codes, at::kChar, 1, scale, nullptr, group);
+    at::Tensor w = float_empty(N, K);
+    kernels::int8_dequantize(codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), w.mutable_data_ptr<float>(),
+                             N, K, group);
+    return w;
+}
 
 at::Tensor int4_linear(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale,
                        const at::Tensor &offset, int64_t group) {
@@ -344,6 +371,8 @@ TORCH_LIBRARY(llmpipe, m) {
     m.set_python_module("llmpipe.kernels.fake");
     m.def("int4_linear(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group) -> Tensor");
     m.def("int8_linear(Tensor x, Tensor codes, Tensor scale, int group) -> Tensor");
+    m.def("int4_dequantize(Tensor codes, Tensor scale, Tensor offset, int group) -> Tensor");
+    m.def("int8_dequantize(Tensor codes, Tensor scale, int group) -> Tensor");
     m.def("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor");
     m.def("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor");
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
@@ -361,6 +390,8 @@ TORCH_LIBRARY(llmpipe, m) {
 TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("int4_linear", &int4_linear);
     m.impl("int8_linear", &int8_linear);
+    m.impl("int4_dequantize", &int4_dequantize);
+    m.impl("int8_dequantize", &int8_dequantize);
     m.impl("int4_linear_dot", &int4_linear_dot);
     m.impl("int8_linear_dot", &int8_linear_dot);
     m.impl("int4_gemm_dot", &int4_gemm_dot);
