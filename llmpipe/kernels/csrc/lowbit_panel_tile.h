@@ -2,6 +2,28 @@
  * name, ISA_ATTR its target attribute): the tiles are the same, the block dots ISA's own. */
 #define ISA_FN(name) ISA_CAT(name, ISA)
 
+/* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
+ * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
+ * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */
+ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int8_block_dots_wide)(const uint8_t *block, const int16_t *x, int64_t K,
+                                                                       __m256i dots[][2], const int MR) {
+    for (int h = 0; h < 2; h++) {
+        __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
+        for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int q = 4 * h; q < 4 * h + 4; q++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));
+            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+            for (int r = 0; r < MR; r++) {
+                const __m256i xq = _mm256_set1_epi64x(*(const int64_t *)(x + r * K + 4 * q));
+                lo[r] = ISA_FN(wide_dot)(lo[r], wl, xq);
+                hi[r] = ISA_FN(wide_dot)(hi[r], wh, xq);
+            }
+        }
+        for (int r = 0; r < MR; r++) /* lanes (0 1 4 5 | 2 3 6 7) after the pairwise add: back to row order */
+            dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
+    }
+}
+
 /* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
  * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
  * block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */

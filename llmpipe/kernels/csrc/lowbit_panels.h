@@ -82,28 +82,9 @@ static inline void widen_planes(const int8_t *qx, int64_t row_bytes, int64_t pla
         }
 }
 
-/* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
- * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
- * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */
-static inline __attribute__((always_inline)) void int8_block_dots_wide_avx2(const uint8_t *block, const int16_t *x, int64_t K,
-                                                                       __m256i dots[][2], const int MR) {
-    for (int h = 0; h < 2; h++) {
-        __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
-        for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        for (int q = 4 * h; q < 4 * h + 4; q++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));
-            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-            for (int r = 0; r < MR; r++) {
-                const __m256i xq = _mm256_set1_epi64x(*(const int64_t *)(x + r * K + 4 * q));
-                lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(wl, xq));
-                hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(wh, xq));
-            }
-        }
-        for (int r = 0; r < MR; r++) /* lanes (0 1 4 5 | 2 3 6 7) after the pairwise add: back to row order */
-            dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-    }
-}
-
+/* INT8 codes against 16-bit blocks (lowbit_panel_tile.h's int8_block_dots_wide): acc + the pairwise
+ * products of int16 lanes, per ISA. */
+static inline __m256i wide_dot_avx2(__m256i acc, __m256i w, __m256i x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, x)); }
 
 /* ---- AVX512-VNNI (256-bit dpbusd / dpwssd): the same integer dots, accumulated in int32 directly ---- */
 
@@ -143,25 +124,8 @@ VNNI static inline __attribute__((always_inline)) void int8_block_dots_vnni(cons
         for (int r = 0; r < MR; r++) dots[r][0] = _mm256_slli_epi32(dots[r][0], 7), dots[r][1] = _mm256_slli_epi32(dots[r][1], 7);
 }
 
-/* int8_block_dots_wide_avx2's dots, each widening multiply-add and its add one dpwssd. */
-VNNI static inline __attribute__((always_inline)) void int8_block_dots_wide_vnni(const uint8_t *block, const int16_t *x,
-                                                                            int64_t K, __m256i dots[][2], const int MR) {
-    for (int h = 0; h < 2; h++) {
-        __m256i lo[GEMM_ROWS], hi[GEMM_ROWS];
-        for (int r = 0; r < MR; r++) lo[r] = hi[r] = _mm256_setzero_si256();
-        for (int q = 4 * h; q < 4 * h + 4; q++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));
-            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-            for (int r = 0; r < MR; r++) {
-                const __m256i xq = _mm256_set1_epi64x(*(const int64_t *)(x + r * K + 4 * q));
-                lo[r] = _mm256_dpwssd_epi32(lo[r], wl, xq);
-                hi[r] = _mm256_dpwssd_epi32(hi[r], wh, xq);
-            }
-        }
-        for (int r = 0; r < MR; r++)
-            dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
-    }
-}
+/* wide_dot_avx2's multiply-add and add as one dpwssd. */
+VNNI static inline __m256i wide_dot_vnni(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
 
 /* Both planes' PL and both kinds as constants, so each combination compiles to its own loops. */
 #define WITH_PANEL_KIND(kind_value, ...)                                                                 \
