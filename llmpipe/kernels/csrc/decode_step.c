@@ -25,8 +25,7 @@
  * x [B, hidden] is the residual stream, updated in place. cos / sin [R, B, D]: R RoPE tables (Gemma 3:
  * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D]:
  * float32, or (a layer with kv_scales) int8 codes with float16 scales [2, num_blocks, block_size, KVH]
- * (quant/kv.py's int8 cache: the new K and V quantized as it quantizes them, read dequantized a run at a
- * time);
+ * (quant/kv.py's int8 cache: the new K and V quantized as it quantizes them, read as codes: attention_rows.h);
  * slots [S, B], tables [S, B, W], lens [S, B]: paged_attention.c's, for S caches of their own block
  * tables (Gemma 3's window groups), each layer naming its own.
  */
@@ -345,7 +344,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
                  int64_t KVH, int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                  int64_t num_blocks, int64_t block_size) {
-    const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2, group = H / KVH;
+    const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2;
     const int64_t token_stride = KVH * D, block_stride = block_size * token_stride;
     int64_t widest = hidden > I ? hidden : I;
     widest = widest > H * D ? widest : H * D;
