@@ -2,6 +2,25 @@
  * name, ISA_ATTR its target attribute): the tiles are the same, the block dots ISA's own. */
 #define ISA_FN(name) ISA_CAT(name, ISA)
 
+/* INT8 block, per half (inputs 0-15: dots[r][0], 16-31: dots[r][1]). Signed codes: the high plane
+ * (signed) takes llama.cpp's sign trick, |w| times x carrying w's sign; the low plane (0..127) meets
+ * the codes directly. `high`: the high plane of two, its dots times 128. */
+ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int8_block_dots)(const uint8_t *block, const int8_t *x,
+                                                                            int64_t row_bytes, int high, int low_plane,
+                                                                            __m256i dots[][2], const int MR) {
+    for (int r = 0; r < MR; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
+    for (int q = 0; q < 8; q++) {
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * q)), wabs = _mm256_sign_epi8(w, w);
+        for (int r = 0; r < MR; r++) {
+            const __m256i xq = quad_copies(x + r * row_bytes + 4 * q);
+            dots[r][q / 4] = low_plane ? ISA_FN(byte_dot)(dots[r][q / 4], xq, w)
+                                       : ISA_FN(byte_dot)(dots[r][q / 4], wabs, _mm256_sign_epi8(xq, w));
+        }
+    }
+    if (high)
+        for (int r = 0; r < MR; r++) dots[r][0] = _mm256_slli_epi32(dots[r][0], 7), dots[r][1] = _mm256_slli_epi32(dots[r][1], 7);
+}
+
 /* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
  * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
  * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */

@@ -52,22 +52,10 @@ static inline __attribute__((always_inline)) void int4_block_dots_avx2(const uin
     for (int r = 0; r < MR; r++) dots[r] = _mm256_madd_epi16(sums[r], pair_weight);
 }
 
-/* INT8 block, per half (inputs 0-15: dots[r][0], 16-31: dots[r][1]). Signed codes: the high plane
- * (signed) takes llama.cpp's sign trick, |w| times x carrying w's sign; the low plane (0..127) meets
- * the codes directly. Pair sums reach 2 * 128 * 127: each quad widens on its own. */
-static inline __attribute__((always_inline)) void int8_block_dots_avx2(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int high, int low_plane,
-                                                                       __m256i dots[][2], const int MR) {
-    const __m256i pair_weight = high ? HIGH16 : ONES16;
-    for (int r = 0; r < MR; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
-    for (int q = 0; q < 8; q++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * q)), wabs = _mm256_sign_epi8(w, w);
-        for (int r = 0; r < MR; r++) {
-            const __m256i xq = quad_copies(x + r * row_bytes + 4 * q);
-            const __m256i p = low_plane ? _mm256_maddubs_epi16(xq, w) : _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(xq, w));
-            dots[r][q / 4] = _mm256_add_epi32(dots[r][q / 4], _mm256_madd_epi16(p, pair_weight));
-        }
-    }
+/* acc + the byte products u (unsigned) x s (signed), four to a lane, per ISA (lowbit_panel_tile.h's
+ * int8_block_dots); no pair sum saturates: 2 x 128 x 127 < 32,767. */
+static inline __m256i byte_dot_avx2(__m256i acc, __m256i u, __m256i s) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ONES16));
 }
 
 /* Activation rows' two int8 planes (high, low) as the int16 codes they hold: out[m * K + k] = 128 * hi + lo. */
@@ -107,22 +95,8 @@ VNNI static inline __attribute__((always_inline)) void int4_block_dots_vnni(cons
         for (int r = 0; r < MR; r++) dots[r] = _mm256_slli_epi32(dots[r], 7);
 }
 
-/* int8_block_dots_avx2's dots: the high plane through the sign trick, the low one (unsigned) direct. */
-VNNI static inline __attribute__((always_inline)) void int8_block_dots_vnni(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int high, int low_plane,
-                                                                       __m256i dots[][2], const int MR) {
-    for (int r = 0; r < MR; r++) dots[r][0] = dots[r][1] = _mm256_setzero_si256();
-    for (int q = 0; q < 8; q++) {
-        const __m256i w = _mm256_loadu_si256((const __m256i *)(block + 32 * q)), wabs = _mm256_sign_epi8(w, w);
-        for (int r = 0; r < MR; r++) {
-            const __m256i xq = quad_copies(x + r * row_bytes + 4 * q);
-            dots[r][q / 4] = low_plane ? _mm256_dpbusd_epi32(dots[r][q / 4], xq, w)
-                                       : _mm256_dpbusd_epi32(dots[r][q / 4], wabs, _mm256_sign_epi8(xq, w));
-        }
-    }
-    if (high)
-        for (int r = 0; r < MR; r++) dots[r][0] = _mm256_slli_epi32(dots[r][0], 7), dots[r][1] = _mm256_slli_epi32(dots[r][1], 7);
-}
+/* byte_dot_avx2's multiply-adds and add as one dpbusd. */
+VNNI static inline __m256i byte_dot_vnni(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 
 /* wide_dot_avx2's multiply-add and add as one dpwssd. */
 VNNI static inline __m256i wide_dot_vnni(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
