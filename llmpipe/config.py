@@ -104,8 +104,9 @@ class EngineConfig:
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048
     # A step carrying prefill chunks beside running decodes is kept to about this many times a
-    # decode-only step (measured as it runs: engine/step_costs.py), so new prompts do not stall the
-    # streams; None gives prefill the whole token budget (`llmpipe serve` defaults to 2.0).
+    # decode-only step of the running and waiting sequences (measured as it runs: engine/step_costs.py),
+    # so new prompts do not stall the streams; None gives prefill the whole token budget (`llmpipe
+    # serve` defaults to 2.5).
     max_decode_stall: float | None = None
     enable_prefix_caching: bool = True
     # Every layer attends to (and caches) all tokens, ignoring the model's sliding windows: for
@@ -120,8 +121,9 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
     # "int8" / "int16": quantized layers quantize activations to 8- or 16-bit blocks for integer dot
     # products (int8 as llama.cpp does; int16 within float32 rounding of exact: the same perplexity
-    # and greedy tokens); None keeps float activations (exact). "auto": int16 where the integer-dot
-    # kernels run (as fast as int8 on AVX2 and AVX-512 alike, 1.5x the float path), else None.
+    # and greedy tokens) in every row of an engine step, prefill too (scoring a text keeps the exact
+    # GEMM past 32 rows with int16); None keeps float activations (exact). "auto": int16 where the
+    # integer-dot kernels run (as fast as int8 on AVX2 and AVX-512 alike, 1.5x the float path), else None.
     activation_quantization: str | None = "auto"
     # True: quantized layers also keep their weights dequantized to float32 and multiply batches of
     # FLOAT_BATCH_MIN_ROWS rows or more (prefill, big decode batches) with them: the float GEMM,

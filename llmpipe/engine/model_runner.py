@@ -15,6 +15,7 @@ from llmpipe.engine.cache_kinds import BlockTable, GroupBatch
 from llmpipe.engine.kv_cache import kv_cache_class
 from llmpipe.engine.kv_cache_spec import KVCacheLayout
 from llmpipe.engine.scheduler import SchedulerOutput
+from llmpipe.quant.linear import decode_numerics
 
 ChunkTables = tuple[list[BlockTable], int, int, int]  # a sequence's tables (one per group), start, end, first batch row
 
@@ -59,9 +60,11 @@ class ModelRunner:
         (`Sequence.prompt_logprob_positions`), in chunk order."""
         self.copy_blocks(batch.block_copies)
         ids, positions, metas, logit_rows = self.prepare_inputs(batch)
-        hidden = self.model(ids, positions, self.kv_cache.layers, metas)
-        sampled = not any(item.seq.needs_prompt_logprobs for item in batch.prefills)  # rows to sample from only
-        return self.model.compute_logits(hidden[logit_rows], sampled)
+        # Every row with the decode numerics, unless the step scores prompt positions (prompt logprobs:
+        # the exact GEMM past KERNEL_MAX_BATCH rows, as engine.score).
+        with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)):
+            hidden = self.model(ids, positions, self.kv_cache.layers, metas)
+            return self.model.compute_logits(hidden[logit_rows])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """The block copies the scheduler queued (prefix hits inside a block, forked samples), before any write."""

@@ -24,13 +24,9 @@ class CausalLM(nn.Module):
         """Hidden states [T, hidden] of the new tokens."""
         return self.model(input_ids, positions, kv_caches, metas)
 
-    def compute_logits(self, hidden: torch.Tensor, sampled: bool = False) -> torch.Tensor:
-        """Logits of each row of `hidden`. sampled: the rows are the positions a step samples from (one a
-        sequence, and one a draft token): a quantized head with activation quantization then computes them
-        with the decode numerics however many they are (QuantizedLinear.forward); otherwise (scoring a
-        text, prompt logprobs) long batches take the exact GEMM."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits of each row of `hidden` (in an engine step, a quantized head computes them with the
+        decode numerics however many they are: quant.linear.decode_numerics)."""
         if self.lm_head is None:
             return linear(hidden, self.model.embed_tokens.weight, splits=self.splits)
-        if sampled and getattr(self.lm_head, "activation_bits", None) is not None:
-            return self.lm_head(hidden, sampled=True)
         return self.lm_head(hidden)

@@ -9,7 +9,8 @@ import torch
 from llmpipe import LLM, SamplingParams
 from llmpipe.quant import kernels
 from llmpipe.quant.apply import quantize_prefill
-from llmpipe.quant.linear import PANEL_MAX_ROWS, Int4Linear, Int8Linear, QuantizedLinear
+from llmpipe.quant import linear as linear_module
+from llmpipe.quant.linear import PANEL_MAX_ROWS, Int4Linear, Int8Linear, QuantizedLinear, decode_numerics
 
 pytestmark = pytest.mark.skipif(not kernels.dot_available(), reason="needs AVX2 + FMA and a C compiler")
 SHAPES = [(96, 64), (50, 576), (64, 96), (33, 1536), (40, 160)]  # K = 96, 160: odd chunk counts; 576 at g128: a narrow last group
@@ -111,10 +112,10 @@ def test_int4_batches_take_the_panels_from_two_rows():
     assert layer.panels is None and not torch.equal(layer.batch_panels(), pack_again)
 
 
-def test_an_lm_heads_sampled_rows_take_the_decode_numerics_at_any_batch_size():
-    """With 16-bit blocks a linear keeps the exact GEMM past 32 rows (prefill chunks, a scored text); rows
-    marked sampled (the positions a step samples from) take the integer kernels at any count, so a sampled
-    token's logits are the same however many sequences share the step."""
+def test_in_an_engine_step_a_layer_takes_the_decode_numerics_at_any_batch_size():
+    """With 16-bit blocks a linear keeps the exact GEMM past 32 rows (a scored text); inside an engine step
+    (decode_numerics) it takes the integer kernels at any count, so a token's numerics are the same however
+    many rows share its step."""
     torch.manual_seed(0)
     head = Int8Linear(96, 40, False, 32)
     head.q.copy_(torch.randint(-127, 128, head.q.shape, dtype=torch.int8))
@@ -124,7 +125,10 @@ def test_an_lm_heads_sampled_rows_take_the_decode_numerics_at_any_batch_size():
     exact = x.double() @ head.kernel_weight().double().T
     decode = reference_forward(head, x, 16).double()
     for rows in (3, 40, 300):
-        assert_close(head(x[:rows], sampled=True), decode[:rows])
+        with decode_numerics():
+            assert_close(head(x[:rows]), decode[:rows])
+        with decode_numerics(False):
+            assert_close(head(x[:rows]), decode[:rows] if rows <= PANEL_MAX_ROWS[16] else exact[:rows])
         assert_close(head(x[:rows]), decode[:rows] if rows <= PANEL_MAX_ROWS[16] else exact[:rows])
     assert not torch.allclose(decode, exact, rtol=0, atol=1e-9)  # the two numerics do differ
 
@@ -235,21 +239,20 @@ def test_long_prefill_chunks_take_the_float_gemm_unless_asked(tiny_checkpoint):
                 assert_close(out, reference_forward(layer, x[:rows], bits).double())
 
 
-def test_the_runner_marks_the_rows_it_samples_from(tiny_checkpoint):
-    """A step with no prompt-logprob rows sends its logit rows to the head as sampled (decode numerics
-    for any number of sequences); a step computing prompt logprobs, and scoring, do not."""
+def test_the_runner_computes_its_steps_with_the_decode_numerics(tiny_checkpoint):
+    """An engine step with no prompt-logprob rows runs every layer, prefill chunks of any length included,
+    inside decode_numerics; a step computing prompt logprobs, and scoring, do not."""
     path = str(tiny_checkpoint("llama_gqa"))
     llm = LLM(path, progress=False, quantization="int8", activation_quantization="int16")
-    head = llm.engine.model.lm_head
     seen = []
-    head.register_forward_hook(lambda module, args, kwargs, out: seen.append((args[0].shape[0], kwargs.get("sampled", False))),
-                               with_kwargs=True)
+    for layer in (llm.engine.model.model.layers[0].mlp.down_proj, llm.engine.model.lm_head):
+        layer.register_forward_hook(lambda module, args, out: seen.append((args[0].shape[0], linear_module._DECODE_NUMERICS.get())))
     prompts = [{"prompt_token_ids": [3 + i, 9, 27]} for i in range(40)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
-    assert seen and all(sampled for _, sampled in seen) and max(rows for rows, _ in seen) == 40
+    assert seen and all(on for _, on in seen) and max(rows for rows, _ in seen) == 120  # the 40 prompts' prefill
     seen.clear()
     llm.generate(prompts[:1], SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False)
-    assert seen[0] == (1 + 2, False)  # the last position, then two prompt positions
+    assert seen[-1] == (1 + 2, False)  # the head: the last position, then two prompt positions
     seen.clear()
     llm.engine.score([1, 2, 3, 4])
-    assert [sampled for _, sampled in seen] == [False]
+    assert seen and not any(on for _, on in seen)

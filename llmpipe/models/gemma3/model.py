@@ -88,8 +88,8 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         super().__init__(cfg)
         self.softcap = cfg.final_logit_softcapping
 
-    def compute_logits(self, hidden: torch.Tensor, sampled: bool = False) -> torch.Tensor:
-        logits = super().compute_logits(hidden, sampled)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden)
         if self.softcap is None:
             return logits
         return torch.tanh(logits / self.softcap) * self.softcap
