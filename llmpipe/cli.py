@@ -35,8 +35,8 @@ ENGINE_FLAGS: dict[str, dict] = {
     "--max-num-seqs": dict(type=int, default=128),
     "--max-num-batched-tokens": dict(type=int, default=2048),
     "--max-decode-stall": dict(type=lambda v: None if v == "none" else float(v), default=None,
-                               help="keep a step with prefill beside decodes to ~this many decode steps "
-                                    "(none: no cap; `serve` default 2)"),
+                               help="keep a step with prefill beside decodes to ~this many decode steps of "
+                                    "the running and waiting sequences (none: no cap; `serve` default 2.5)"),
     "--enable-prefix-caching": dict(action=argparse.BooleanOptionalAction, default=True),
     "--disable-sliding-window": dict(action="store_true", help="full attention in every layer (to measure the window)"),
     "--num-threads": dict(type=int, default=None),

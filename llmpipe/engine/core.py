@@ -251,7 +251,7 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule and run one batch: the progress of every request it advanced."""
         started = time.perf_counter()
-        batch = self.scheduler.schedule(self.step_costs.prefill_budget())
+        batch = self.scheduler.schedule(self.step_costs.prefill_budget)
         if batch.empty:
             if batch.num_held:  # as the scheduler saw them: a compile may have finished since
                 self.structured.wait_for_compiles(GRAMMAR_WAIT_S)  # nothing else can run meanwhile
@@ -268,7 +268,7 @@ class EngineCore:
             self.proposer.prefill([item.seq for item in batch.prefills if item.completes_prefill])
         logits = self.runner.execute(batch)
         outputs = self._update_from_output(batch, logits, proposals)
-        self.step_costs.observe(len(batch.decodes), sum(item.num_tokens for item in batch.prefills),
+        self.step_costs.observe(len(batch.decodes) + sum(item.num_tokens for item in batch.prefills),
                                 time.perf_counter() - started)
         return outputs
 

@@ -70,16 +70,18 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, prefill_budget_with_decodes: int | None = None) -> SchedulerOutput:
-        """`prefill_budget_with_decodes`: at most this many prefill tokens in a step that also decodes."""
+    def schedule(self, prefill_budget: Callable[[int, int], int | None] | None = None) -> SchedulerOutput:
+        """`prefill_budget(num_decodes, num_sequences)`: at most this many prefill tokens (None: no cap)
+        in a step with num_decodes decodes while num_sequences run or wait (up to max_num_seqs)."""
         out = SchedulerOutput([], [])
         budget = self.max_num_batched_tokens
         for seq in list(self.running):  # decodes first: one token each
             if seq.status is SequenceStatus.RUNNING and not seq.in_prefill and self._reserve_slots(seq, 1, out):
                 out.decodes.append(seq)
                 budget -= 1
-        if out.decodes and prefill_budget_with_decodes is not None:
-            budget = min(budget, prefill_budget_with_decodes)
+        if out.decodes and prefill_budget is not None:
+            cap = prefill_budget(len(out.decodes), min(len(self.running) + len(self.waiting), self.max_num_seqs))
+            budget = budget if cap is None else min(budget, cap)
         for seq in list(self.running):  # then prefill chunks of admitted sequences
             if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill:
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)

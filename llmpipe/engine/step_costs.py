@@ -1,12 +1,22 @@
-"""StepCosts: how long a decode-only step takes and what each prefill token adds, as measured.
+"""StepCosts: what a step of n rows takes, as measured, and so how many prefill tokens a step may carry.
 
 A step that carries prefill chunks beside running decodes makes every stream wait for them: a
 128-token prompt can cost three decode steps. With `EngineConfig.max_decode_stall` the core keeps
 such a step to about that many times a decode-only step, capping the prefill tokens it schedules
 beside decodes from these running estimates (the rest of the prompt follows in later steps).
+
+Two choices make the cap hold under load. The reference is the decode step that the running and
+waiting sequences would make together, not the decodes of the moment: measured against those
+alone the cap shrinks as prompts queue, and under a load whose prompts outweigh its answers fewer
+and fewer sequences decode while the queue grows (32 streams of 128-token prompts and 64-token
+answers: 12 decoded a step and TTFT reached 22 s). And a step's cost is kept by its number of rows
+(tokens), decode or prefill alike: past a few rows every row costs about the same compute, while
+one running mean of "a decode step" and of "a prefill token" mixed steps of every size together.
 """
 
 from __future__ import annotations
+
+import bisect
 
 SMOOTHING = 0.2  # weight of the newest step in the running means
 MIN_PREFILL_CHUNK = 16  # never fewer prefill tokens than this beside decodes: prompts must progress
@@ -15,23 +25,45 @@ MIN_PREFILL_CHUNK = 16  # never fewer prefill tokens than this beside decodes: p
 class StepCosts:
     def __init__(self, max_stall: float | None) -> None:
         self.max_stall = max_stall
-        self.decode_s: float | None = None  # a decode-only step
-        self.prefill_token_s: float | None = None  # what one prefill token adds to a step
+        self.seconds: dict[int, float] = {}  # running mean of a step's time, by its rows
 
-    def observe(self, num_decodes: int, num_prefill_tokens: int, seconds: float) -> None:
-        if num_prefill_tokens == 0:
-            if num_decodes:
-                self.decode_s = _mean(self.decode_s, seconds)
-            return
-        base = self.decode_s if num_decodes else 0.0
-        if base is not None and num_prefill_tokens >= MIN_PREFILL_CHUNK:
-            self.prefill_token_s = _mean(self.prefill_token_s, max(seconds - base, 0.0) / num_prefill_tokens)
+    def observe(self, num_rows: int, seconds: float) -> None:
+        if num_rows:
+            self.seconds[num_rows] = _mean(self.seconds.get(num_rows), seconds)
 
-    def prefill_budget(self) -> int | None:
-        """Prefill tokens a step may carry beside decodes; None: no cap (off, or nothing measured yet)."""
-        if self.max_stall is None or not self.decode_s or not self.prefill_token_s:
+    def cost(self, num_rows: int) -> float | None:
+        """A step of num_rows rows: measured, else interpolated between the nearest measured sizes
+        (in proportion to the rows beyond them); None before any step was measured."""
+        if num_rows in self.seconds or not self.seconds:
+            return self.seconds.get(num_rows)
+        sizes = sorted(self.seconds)
+        i = bisect.bisect(sizes, num_rows)
+        if 0 < i < len(sizes):
+            lo, hi = sizes[i - 1], sizes[i]
+            return self.seconds[lo] + (self.seconds[hi] - self.seconds[lo]) * (num_rows - lo) / (hi - lo)
+        nearest = sizes[min(i, len(sizes) - 1)]
+        return self.seconds[nearest] * num_rows / nearest
+
+    def rows_within(self, seconds: float) -> int:
+        """The most rows a step can have and still take at most `seconds`, as far as measured."""
+        sizes = sorted(self.seconds)
+        for lo, hi in zip([0, *sizes], sizes):
+            t_lo, t_hi = self.seconds.get(lo, 0.0), self.seconds[hi]
+            if t_hi > seconds:
+                return lo if t_hi <= t_lo else int(lo + (hi - lo) * (seconds - t_lo) / (t_hi - t_lo))
+        return int(sizes[-1] * seconds / self.seconds[sizes[-1]])
+
+    def prefill_budget(self, num_decodes: int, num_sequences: int) -> int | None:
+        """Prefill tokens a step with num_decodes decodes may carry so that it takes at most
+        max_stall times a decode-only step of num_sequences (the running and waiting ones, up to
+        the batch limit); None: no cap (off, or nothing decodes); 0 while no step has been
+        measured (this one will be)."""
+        if self.max_stall is None or not num_decodes:
             return None
-        return max(MIN_PREFILL_CHUNK, int((self.max_stall - 1) * self.decode_s / self.prefill_token_s))
+        reference = self.cost(max(num_sequences, num_decodes))
+        if reference is None:
+            return 0
+        return max(MIN_PREFILL_CHUNK, self.rows_within(self.max_stall * reference) - num_decodes)
 
 
 def _mean(current: float | None, value: float) -> float:

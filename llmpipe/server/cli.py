@@ -47,7 +47,7 @@ def add_serve_parser(sub) -> None:
         help="with --data-parallel-size > 1: the replica holding the prompt's prefix (else the least loaded), or round-robin",
     )
     add_engine_args(serve)
-    serve.set_defaults(func=run_serve, max_decode_stall=2.0)  # streams first: new prompts join in chunks
+    serve.set_defaults(func=run_serve, max_decode_stall=2.5)  # streams first: new prompts join in chunks
 
 
 def _positive(value: str) -> int:

@@ -79,17 +79,38 @@ def test_the_callers_engine_config_is_not_changed(tiny_checkpoint):
     assert engine.config.max_model_len is not None and engine.config.model_config is not None
 
 
-def test_step_costs_cap_prefill_beside_decodes_to_the_allowed_stall():
+def test_step_costs_cap_a_step_to_the_allowed_stall_of_the_batch_waiting_to_decode():
     from llmpipe.engine.step_costs import MIN_PREFILL_CHUNK, StepCosts
 
     costs = StepCosts(max_stall=2.0)
-    assert costs.prefill_budget() is None  # nothing measured: no cap
-    costs.observe(num_decodes=8, num_prefill_tokens=0, seconds=0.100)  # a decode step: 100 ms
-    costs.observe(num_decodes=8, num_prefill_tokens=200, seconds=0.500)  # 200 tokens added 400 ms
-    assert costs.prefill_budget() == 50  # (2 - 1) × 100 ms / 2 ms a token
-    costs.observe(num_decodes=8, num_prefill_tokens=0, seconds=0.001)
-    assert costs.prefill_budget() >= MIN_PREFILL_CHUNK
-    assert StepCosts(max_stall=None).prefill_budget() is None
+    assert costs.prefill_budget(num_decodes=8, num_sequences=8) == 0  # nothing measured: this step measures
+    assert costs.prefill_budget(num_decodes=0, num_sequences=8) is None  # nothing decodes: no cap
+    costs.observe(num_rows=8, seconds=0.100)  # a step of 8 rows: 100 ms
+    costs.observe(num_rows=208, seconds=0.500)  # of 208: 500 ms, 2 ms a row past 8
+    assert costs.cost(58) == pytest.approx(0.200)  # interpolated
+    assert costs.cost(416) == pytest.approx(1.000)  # in proportion past the largest
+    assert costs.cost(4) == pytest.approx(0.050)  # and below the smallest
+    # 2 x a step of 8 rows = 200 ms: 58 rows, 50 of them prefill beside 8 decodes
+    assert costs.prefill_budget(num_decodes=8, num_sequences=8) == 50
+    # 24 running or waiting but 8 decoding: the reference is a decode step of 24 (132 ms), and 2 x 132 ms
+    # = 90 rows: the cap grows with the queue instead of shrinking with the decodes
+    assert costs.prefill_budget(num_decodes=8, num_sequences=24) == 82
+    costs.observe(num_rows=8, seconds=0.001)
+    assert costs.prefill_budget(num_decodes=8, num_sequences=8) >= MIN_PREFILL_CHUNK
+    assert StepCosts(max_stall=None).prefill_budget(8, 8) is None
+
+
+def test_step_costs_stop_where_a_measured_step_costs_more_than_the_next():
+    """A cost that jumps (a kernel change past some batch size) is not interpolated across."""
+    from llmpipe.engine.step_costs import StepCosts
+
+    costs = StepCosts(max_stall=2.0)
+    for rows, seconds in ((32, 0.090), (40, 0.250), (64, 0.240), (128, 0.400)):
+        costs.observe(rows, seconds)
+    assert costs.rows_within(0.180) == 32 + int(8 * (0.180 - 0.090) / 0.160)
+    assert costs.rows_within(0.245) == 32 + int(8 * (0.245 - 0.090) / 0.160)
+    assert costs.rows_within(0.300) == 64 + int(64 * 0.060 / 0.160)
+    assert costs.rows_within(0.800) == 256
 
 
 def test_the_scheduler_caps_prefill_only_in_steps_that_decode(tiny_checkpoint):
@@ -98,9 +119,9 @@ def test_the_scheduler_caps_prefill_only_in_steps_that_decode(tiny_checkpoint):
     engine.add_request("running", [1, 5, 9], SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True))
     engine.step()  # its prefill: it decodes from now on
     engine.add_request("new", list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    batch = engine.scheduler.schedule(prefill_budget_with_decodes=16)
+    batch = engine.scheduler.schedule(prefill_budget=lambda num_decodes, num_sequences: 16)
     assert len(batch.decodes) == 1 and [item.num_tokens for item in batch.prefills] == [16]
     alone = LLM(str(tiny_checkpoint("llama_gqa")), progress=False).engine
     alone.add_request("new", list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    batch = alone.scheduler.schedule(prefill_budget_with_decodes=16)  # nothing decodes: the whole prompt
+    batch = alone.scheduler.schedule(prefill_budget=lambda num_decodes, num_sequences: 16)  # nothing decodes: the whole prompt
     assert not batch.decodes and [item.num_tokens for item in batch.prefills] == [100]
