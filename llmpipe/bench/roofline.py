@@ -29,6 +29,24 @@ def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int
     return 2 * n**3 / _best_time(lambda: a @ b, repeats)
 
 
+def integer_dot_flops(bits: int, n: int = 1024, repeats: int = 5) -> float:
+    """FLOP/s of an INT4 layer's integer-dot panels (activations in `bits`-bit blocks) on n rows, as an
+    engine step runs them: the ceiling of prefill with activation quantization, which on CPUs with
+    VNNI passes the float GEMM's."""
+    from llmpipe.quant.linear import Int4Linear, decode_numerics
+
+    layer = Int4Linear(n, n, False, 32)
+    layer.load_shard(None, torch.randn(n, n))
+    layer.activation_bits = bits
+    x = torch.randn(n, n)
+
+    def run() -> None:
+        with decode_numerics():
+            layer(x)
+
+    return 2 * n**3 / _best_time(run, repeats)
+
+
 def decode_roofline_tokens_per_s(bytes_per_token: int, bandwidth: float) -> float:
     """Upper bound on batch-1 decode: every weight byte is read once per token."""
     return bandwidth / bytes_per_token

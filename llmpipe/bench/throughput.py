@@ -77,7 +77,7 @@ def plot_inputs(args, llm: LLM, outputs: list[RequestOutput]) -> dict:
     """What the figure draws beyond the table: the batched requests' timings, the model, this machine's limits."""
     from llmpipe.diagnose.local import measure_limits, time_split
 
-    split, limits = time_split(outputs, 0.0), measure_limits(llm.engine.config.torch_dtype)
+    split, limits = time_split(outputs, 0.0), measure_limits(llm.engine.config.torch_dtype, llm.engine.model)
     samples = {"ttft_samples_s": [out.metrics.ttft for out in outputs],
                "itl_samples_s": [gap for out in outputs for gap in out.metrics.itl],
                "mean_itl_s": split.mean_itl_s, "prefill_wall_s": split.prefill_wall_s}

@@ -73,7 +73,7 @@ def _diagnose_local(args: argparse.Namespace) -> tuple[Diagnosis, str]:
     model = args.model or DEFAULT_MODEL
     llm = LLM(model, **engine_kwargs(args))
     workload, split = run_probe(llm, args.prompt_len, args.output_len, args.batch)
-    limits = measure_limits(llm.engine.config.torch_dtype)
+    limits = measure_limits(llm.engine.config.torch_dtype, llm.engine.model)
     return diagnose(workload, split, engine_setup(llm), limits), model
 
 

@@ -6,21 +6,27 @@ import statistics
 import time
 
 import torch
+from torch import nn
 
 from llmpipe.bench import roofline
 from llmpipe.bench.report import random_prompt
 from llmpipe.diagnose.report import Limits, Setup, TimeSplit, Workload
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
+from llmpipe.quant.apply import activation_bits
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.tokenizer import IncrementalDetokenizer
 
 
-def measure_limits(dtype: torch.dtype = torch.float32) -> Limits:
-    """Peak streaming-read bandwidth and matmul FLOP/s (float32, or the model's dtype if faster)."""
+def measure_limits(dtype: torch.dtype = torch.float32, model: nn.Module | None = None) -> Limits:
+    """Peak streaming-read bandwidth and matmul FLOP/s: float32, or the model's dtype, or the
+    integer-dot panels its quantized layers run (activation quantization), whichever is fastest."""
     flops = roofline.matmul_flops(torch.float32)
     if dtype != torch.float32:
         flops = max(flops, roofline.matmul_flops(dtype))
+    bits = activation_bits(model) if model is not None else None
+    if bits is not None:
+        flops = max(flops, roofline.integer_dot_flops(bits))
     return Limits(bandwidth=roofline.memory_bandwidth(), flops=flops)
 
 

@@ -119,6 +119,12 @@ def quantize_activations(model: nn.Module, activation_quantization: str | None) 
             module.activation_bits = ACTIVATION_BITS[activation_quantization]
 
 
+def activation_bits(model: nn.Module) -> int | None:
+    """The widest activation blocks the model's quantized layers take (None: float activations)."""
+    return max((m.activation_bits for m in model.modules() if isinstance(m, QuantizedLinear)
+                and m.activation_bits is not None), default=None)
+
+
 def quantize_prefill(model: nn.Module) -> int:
     """Send batches of every size through the integer-dot kernels of the layers with quantized
     activations (to evaluate the decode numerics at every position); returns how many layers."""

@@ -119,8 +119,9 @@ def test_diagnose_command_prints_verdict_and_writes_json(capsys, tiny, tmp_path)
 
 
 @pytest.mark.slow
-def test_smollm2_prefill_and_decode_workloads(smollm2_gguf, limits):
+def test_smollm2_prefill_and_decode_workloads(smollm2_gguf):
     llm = LLM(str(smollm2_gguf), progress=False)
+    limits = measure_limits(model=llm.engine.model)  # its prefill runs the integer-dot panels
     setup = engine_setup(llm)
     prefill = diagnose(*run_probe(llm, 384, 1), setup, limits)
     # 64 tokens out after 16 in: decode outlasts the prefill several times over at any machine speed

@@ -256,3 +256,13 @@ def test_the_runner_computes_its_steps_with_the_decode_numerics(tiny_checkpoint)
     seen.clear()
     llm.engine.score([1, 2, 3, 4])
     assert seen and not any(on for _, on in seen)
+
+
+def test_a_models_activation_bits_are_its_quantized_layers(tiny_checkpoint):
+    from llmpipe.quant.apply import activation_bits
+
+    path = str(tiny_checkpoint("llama_gqa"))
+    assert activation_bits(LLM(path, progress=False, quantization="int4", activation_quantization="int16").engine.model) == 16
+    assert activation_bits(LLM(path, progress=False, quantization="int4", activation_quantization="int8").engine.model) == 8
+    assert activation_bits(LLM(path, progress=False, quantization="int4", activation_quantization=None).engine.model) is None
+    assert activation_bits(LLM(path, progress=False).engine.model) is None  # float weights: no quantized layers
