@@ -127,7 +127,9 @@ class EngineConfig:
     activation_quantization: str | None = "auto"
     # True: quantized layers also keep their weights dequantized to float32 and multiply batches of
     # FLOAT_BATCH_MIN_ROWS rows or more (prefill, big decode batches) with them: the float GEMM,
-    # the same weight values, for ~4.8x the weight memory of Q4. Batch-1 decode keeps the codes.
+    # the same weight values, for ~4.8x the weight memory of Q4. Batch-1 decode keeps the codes. With
+    # activation quantization an engine step's rows take the integer kernels anyway (faster on every
+    # CPU measured); the copy then serves scoring only (engine.score, prompt logprobs).
     float_batch_weights: bool = False
     # Ranks the model is sharded over (llmpipe.distributed); kv_cache_memory and num_threads are
     # then per rank (num_threads default: this machine's threads shared out among the ranks).
