@@ -221,7 +221,7 @@ static void add_bias(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, flo
 /* The panels' slice: every row of the batch at once, each panel's codes read once. */
 static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     const int planes = w->bits == 16 ? 2 : 1;
-    const int kind = w->kind == INT4 ? PANEL_INT4 : PANEL_INT8, wide = kind == PANEL_INT8 && planes == 2;
+    const int kind = w->kind == INT4 ? PANEL_INT4 : PANEL_INT8, wide = kind == PANEL_INT8 && planes == 2 && !use_vnni();
     quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum); /* sums per block: the panels' offsets are */
     if (wide) widen_planes(s->qx, w->K, B * w->K, B, w->K, (int16_t *)s->qp); /* qp: as many bytes as two planes */
     const int8_t *rows = wide ? s->qp : s->qx;

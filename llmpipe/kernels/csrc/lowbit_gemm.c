@@ -29,7 +29,7 @@ static void gemm_dot(int kind, const float *x, const uint8_t *panels, float *y, 
     _Pragma("omp parallel for schedule(static)") for (int64_t m = 0; m < M; m++)
         quantize_rows(x + m * K, 1, K, BLOCK, planes, qx + m * planes * K, dx + m * B, xsum + m * B);
     int16_t *wide = NULL; /* INT8 with 16-bit blocks takes them as int16 codes */
-    if (kind == PANEL_INT8 && planes == 2) {
+    if (kind == PANEL_INT8 && planes == 2 && !(isa && use_vnni())) {
         wide = malloc(sizeof(int16_t) * M * K);
         widen_planes(qx, planes * K, K, M, K, wide);
     }

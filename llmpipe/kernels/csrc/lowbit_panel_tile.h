@@ -21,6 +21,7 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int8_block_dot
         for (int r = 0; r < MR; r++) dots[r][0] = _mm256_slli_epi32(dots[r][0], 7), dots[r][1] = _mm256_slli_epi32(dots[r][1], 7);
 }
 
+#if WIDE_INT8
 /* INT8 block against MR rows of int16 codes (K apart), per half: each quad's codes widened, low 16
  * bytes (rows 0-3) and high (rows 4-7), meet the quad's 4 activations copied 4 times; each int32 lane
  * gathers two inputs of one row (|sum| <= 8 * 16,256 * 128 over a half), added pairwise at the end. */
@@ -42,6 +43,7 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int8_block_dot
             dots[r][h] = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[r], hi[r]), _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
     }
 }
+#endif
 
 /* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
  * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
@@ -58,9 +60,12 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tile)(co
         const uint8_t *block = panel + b * block_bytes;
         const float *scales = (const float *)(block + code_bytes);
         __m256i dots[GEMM_ROWS][2];
+#if WIDE_INT8
         if (kind == PANEL_INT8 && PL == 2)
             ISA_FN(int8_block_dots_wide)(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
-        else for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
+        else
+#endif
+        for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
             const int8_t *x = qx + pl * plane_bytes + b * BLOCK;
             __m256i d[GEMM_ROWS][2];
             if (kind == PANEL_INT4) {

@@ -7,9 +7,11 @@
  *        ones; the rows' 8 scales, the rows' 8 offsets;
  *   INT8 (INT8_PANEL_BYTES): 8 vectors, quads 0..7; the rows' 8 scales of inputs 0-15, the 8 of 16-31
  *        (equal but where the group is 16, GGUF Q6_K's sub-blocks).
- * INT8 codes meeting 16-bit activations take the codes widened to int16 and the activations as whole
- * int16 codes (widen_planes): one _mm256_madd_epi16 multiplies 4 inputs of 4 rows, where the two int8
- * planes would cost a sign trick and two byte multiply-adds per quad.
+ * INT8 codes meeting 16-bit activations, on AVX2: the codes widened to int16 and the activations as
+ * whole int16 codes (widen_planes): one _mm256_madd_epi16 multiplies 4 inputs of 4 rows, where the two
+ * int8 planes would cost a sign trick and two byte multiply-adds per quad. On VNNI the two planes win
+ * (a byte dot is one dpbusd there; SmolLM2's LM head, 49152 x 576, 2 threads: 16 rows 9.0-9.3 -> 6.1-6.6
+ * ms, 31 rows 16.0-16.6 -> 11.3-14.4): WIDE_INT8 says which a tile takes.
  */
 #pragma once
 #include <immintrin.h>
@@ -98,9 +100,6 @@ VNNI static inline __attribute__((always_inline)) void int4_block_dots_vnni(cons
 /* byte_dot_avx2's multiply-adds and add as one dpbusd. */
 VNNI static inline __m256i byte_dot_vnni(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
 
-/* wide_dot_avx2's multiply-add and add as one dpwssd. */
-VNNI static inline __m256i wide_dot_vnni(__m256i acc, __m256i w, __m256i x) { return _mm256_dpwssd_epi32(acc, w, x); }
-
 /* Both planes' PL and both kinds as constants, so each combination compiles to its own loops. */
 #define WITH_PANEL_KIND(kind_value, ...)                                                                 \
     do {                                                                                                 \
@@ -112,14 +111,18 @@ VNNI static inline __m256i wide_dot_vnni(__m256i acc, __m256i w, __m256i x) { re
 #define ISA_CAT(name, isa) ISA_CAT_(name, isa)
 #define ISA avx2
 #define ISA_ATTR
+#define WIDE_INT8 1 /* INT8 x 16-bit blocks as int16 codes (widen_planes); else as two planes */
 #include "lowbit_panel_tile.h"
 #undef ISA
 #undef ISA_ATTR
+#undef WIDE_INT8
 #define ISA vnni
 #define ISA_ATTR VNNI
+#define WIDE_INT8 0
 #include "lowbit_panel_tile.h"
 #undef ISA
 #undef ISA_ATTR
+#undef WIDE_INT8
 
 /* Every row of M against panels [p0, p1) (panel_tiles), on VNNI where `vnni` and the CPU has it. */
 static inline void panel_rows(int vnni, int kind, int planes, const uint8_t *panels, int64_t p0, int64_t p1,
