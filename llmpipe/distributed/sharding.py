@@ -25,7 +25,7 @@ import torch
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.quant.apply import QuantPlan, WeightFormat
-from llmpipe.quant.formats import Int4Weight, Int8Weight, QuantizedWeight
+from llmpipe.quant.formats import Q5_0_BLOCK, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantizedWeight
@@ -137,6 +137,8 @@ def slice_rows(w: Weight, rows: range) -> Weight:
         return take(w)
     if isinstance(w, Int8Weight):
         return Int8Weight(take(w.q), take(w.scale), w.group_size)
+    if isinstance(w, Q5_0Weight):
+        return Q5_0Weight(take(w.blocks))
     return Int4Weight(take(w.q), take(w.scale), take(w.offset), w.group_size, w.in_perm)
 
 
@@ -144,6 +146,11 @@ def slice_columns(w: Weight, cols: range, name: str) -> Weight:
     """Input columns, with the groups of scales they span (`cols` must start at a group boundary)."""
     if isinstance(w, torch.Tensor):
         return w[:, cols.start : cols.stop].clone()
+    if isinstance(w, Q5_0Weight):
+        if cols.start % Q5_0_BLOCK or cols.stop % Q5_0_BLOCK:
+            raise UnsupportedModelError(f"{name}: input columns {cols.start}-{cols.stop} split a Q5_0 block of {Q5_0_BLOCK}")
+        first, last = (Q5_0Weight.bytes_per_row(c) for c in (cols.start, cols.stop))
+        return Q5_0Weight(w.blocks[:, first:last].clone())
     group = w.group_size
     if isinstance(w, Int4Weight) and w.in_perm is not None:
         raise UnsupportedModelError(f"{name}: act-order (g_idx) int4 weights cannot be split by input columns")

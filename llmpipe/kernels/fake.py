@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+Q5_0_BLOCK_BYTES = 22  # csrc lowbit_q5_rows.h
+
 
 def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.new_empty(x.shape[0], n, dtype=torch.float32)
@@ -44,6 +46,23 @@ def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, o
 def int8_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, group: int, bits: int = 8,
                     isa: int = 1) -> torch.Tensor:
     return _rows(x, codes.shape[0])
+
+
+@torch.library.register_fake("llmpipe::q5_0_linear")
+def q5_0_linear(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    return _rows(x, blocks.shape[0])
+
+
+@torch.library.register_fake("llmpipe::q5_0_linear_dot")
+def q5_0_linear_dot(x: torch.Tensor, blocks: torch.Tensor, bits: int = 8, isa: int = 1) -> torch.Tensor:
+    return _rows(x, blocks.shape[0])
+
+
+@torch.library.register_fake("llmpipe::q5_0_unpack")
+def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    k = blocks.shape[1] // Q5_0_BLOCK_BYTES * 32
+    return (blocks.new_empty(blocks.shape[0], k, dtype=torch.int8),
+            blocks.new_empty(blocks.shape[0], k // 32, dtype=torch.float32))
 
 
 @torch.library.register_fake("llmpipe::int4_gemm_dot")

@@ -12,20 +12,20 @@ from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q4_k, split_q5_0,
+from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q4_k,
                                         split_q6_k, split_q8_0, unpack_nibbles)
-from llmpipe.quant.formats import Int4Weight, Int8Weight
+from llmpipe.quant.formats import Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 
 GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 block and per Q4_K sub-block
 Q6_K_SUB_BLOCK = 16
 # The ggml types that are llmpipe weight formats exactly (read_quantized): the kernels run them on
-# their codes. Q5_0's 5-bit and Q6_K's 6-bit codes ride in int8 (1.06 and 1.25 bytes a weight where
-# the file has 0.69 and 0.82).
+# their codes. Q5_0 stays the file's blocks (unpacked a row at a time in the kernels); Q6_K's 6-bit codes
+# ride in int8 (1.25 bytes a weight where the file has 0.82).
 NATIVE_FORMATS = {
     GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_K: ("int4", GGML_BLOCK),
-    GGMLQuantizationType.Q5_0: ("int8", GGML_BLOCK),
+    GGMLQuantizationType.Q5_0: ("q5_0", GGML_BLOCK),
     GGMLQuantizationType.Q6_K: ("int8", Q6_K_SUB_BLOCK),
     GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
 }
@@ -73,7 +73,7 @@ class GGUFWeights:
         """The llmpipe weight format a tensor maps onto without a float round trip, if any."""
         return NATIVE_FORMATS.get(self._tensors[name].tensor_type)
 
-    def read_quantized(self, name: str) -> Int4Weight | Int8Weight:
+    def read_quantized(self, name: str) -> QuantizedWeight:
         """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`)."""
         return native_weight(*self.raw_blocks(name))
 
@@ -87,18 +87,20 @@ class GGUFWeights:
         return rows if heads is None else unpermute_rows(rows, heads)
 
 
-def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> Int4Weight | Int8Weight:
+def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
     """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
     ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
-    Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q and Q5_0's
-    d·(q − 16) are int8 with group-32 scales, Q6_K's d·scale·(q − 32) int8 with group-16 ones."""
+    Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q is int8 with
+    group-32 scales, Q6_K's d·scale·(q − 32) int8 with group-16 ones; Q5_0 keeps its blocks."""
     out = rows.shape[0]
+    if qtype == GGMLQuantizationType.Q5_0:
+        return Q5_0Weight(rows.reshape(out, -1).contiguous())
     blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
     if qtype == GGMLQuantizationType.Q6_K:
         scale, q = split_q6_k(blocks)
         return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), Q6_K_SUB_BLOCK)
-    if qtype in (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q5_0):
-        scale, q = (split_q8_0 if qtype == GGMLQuantizationType.Q8_0 else split_q5_0)(blocks)
+    if qtype == GGMLQuantizationType.Q8_0:
+        scale, q = split_q8_0(blocks)
         return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)
     if qtype == GGMLQuantizationType.Q4_K:
         scale, offset, q = split_q4_k(blocks)

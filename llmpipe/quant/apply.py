@@ -1,6 +1,7 @@
 """Which linear layers get which weight format, and swapping them into a model before it is loaded.
 
-A plan maps checkpoint tensor names to formats: ("int8", None) or ("int4", group_size). Runtime
+A plan maps checkpoint tensor names to formats: ("int8", None), ("int4", group_size) or, from GGUF,
+("int8", 32 / 16) and ("q5_0", 32). Runtime
 round-to-nearest puts every linear weight in one format; a GGUF in "auto" mode keeps each
 Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 tensor (and a GPTQ / AWQ directory each quantized tensor) in the format it
 already is.
@@ -16,11 +17,13 @@ from torch import nn
 
 from llmpipe.layers.linear import Linear
 from llmpipe.quant import kernels
-from llmpipe.quant.linear import Int4Linear, Int8Linear, QuantizedLinear
+from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear, QuantizedLinear
 
 logger = logging.getLogger(__name__)
 WeightFormat = tuple[str, int | None]
 QuantPlan = dict[str, WeightFormat | None]  # checkpoint name → format (None: float)
+Q5_0_FORMAT: WeightFormat = ("q5_0", 32)
+LAYERS = {"int8": Int8Linear, "int4": Int4Linear, Q5_0_FORMAT[0]: Q5_0Linear}
 
 
 def quant_plan(
@@ -40,8 +43,9 @@ def quant_plan(
 
 def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embeddings: bool) -> dict[str, WeightFormat]:
     """Checkpoint names → the model's module paths. A stacked module (q/k/v, gate/up) is quantized
-    only if all its checkpoint tensors share one format (a GGUF may mix Q5_0 q/k with a Q8_0 v);
-    otherwise it stays float and quantized shards are dequantized into it."""
+    only if all its checkpoint tensors share one format (a GGUF may mix Q5_0 q/k with a Q8_0 v: those
+    meet as int8, which holds Q5_0's codes exactly); otherwise it stays float and quantized shards are
+    dequantized into it."""
     formats: dict[str, set] = {}
     for name, fmt in plan.items():
         if name == "model.embed_tokens.weight":
@@ -49,13 +53,16 @@ def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embedding
                 formats.setdefault("lm_head", set()).add(fmt)
             continue
         formats.setdefault(target_of(name).removesuffix(".weight"), set()).add(fmt)
+    for fmts in formats.values():
+        if fmts == {Q5_0_FORMAT, ("int8", Q5_0_FORMAT[1])}:
+            fmts.discard(Q5_0_FORMAT)
     return {path: next(iter(fmts)) for path, fmts in formats.items() if len(fmts) == 1 and None not in fmts}
 
 
 class TiedQuantizedEmbedding(nn.Module):
     """An embedding that shares its quantized matrix with the LM head: rows are dequantized on lookup."""
 
-    def __init__(self, head: Int4Linear | Int8Linear, dtype: torch.dtype):
+    def __init__(self, head: QuantizedLinear, dtype: torch.dtype):
         super().__init__()
         self.head, self.dtype = head, dtype
 
@@ -67,8 +74,7 @@ def new_quantized_linear(
     in_features: int, out_features: int, bias: bool, fmt: WeightFormat, dtype: torch.dtype
 ) -> QuantizedLinear:
     kind, group = fmt
-    cls = Int8Linear if kind == "int8" else Int4Linear
-    module: QuantizedLinear = cls(in_features, out_features, bias, group)
+    module: QuantizedLinear = LAYERS[kind](in_features, out_features, bias, group)
     if module.bias is not None:
         module.bias.data = module.bias.data.to(dtype)
     return module

@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 
 QUANTIZATIONS = ("int8", "int4")
+Q5_0_BLOCK = 32  # weights per GGUF Q5_0 block
+Q5_0_BLOCK_BYTES = 22  # its float16 scale, 4 bytes of fifth bits, 16 of nibbles
 
 
 @dataclass
@@ -67,7 +69,38 @@ class Int4Weight:
         return out
 
 
-QuantizedWeight = Int8Weight | Int4Weight
+@dataclass
+class Q5_0Weight:
+    """GGUF Q5_0, kept as the file's blocks: w = d * (q - 16) per block of 32 inputs (q 0..31). The kernels
+    stream these bytes (0.69 a weight) and unpack each row for the INT8 row functions; `to_int8` is the
+    same weight as int8 codes q - 16 with float32 group scales, exactly."""
+
+    blocks: torch.Tensor  # uint8 [out, in / 32 * 22]
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.blocks.shape[0], self.blocks.shape[1] // Q5_0_BLOCK_BYTES * Q5_0_BLOCK))
+
+    @property
+    def group_size(self) -> int:
+        return Q5_0_BLOCK
+
+    @staticmethod
+    def bytes_per_row(in_features: int) -> int:
+        return in_features // Q5_0_BLOCK * Q5_0_BLOCK_BYTES
+
+    def to_int8(self) -> Int8Weight:
+        from llmpipe.loader.gguf_quants import split_q5_0  # the block layout lives with the other ggml types
+
+        out = self.blocks.shape[0]
+        scale, q = split_q5_0(self.blocks.reshape(-1, Q5_0_BLOCK_BYTES))
+        return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), Q5_0_BLOCK)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.to_int8().dequantize()
+
+
+QuantizedWeight = Int8Weight | Int4Weight | Q5_0Weight
 
 
 def weight_bytes_per_param(quantization: Optional[str], dtype_bytes: int, group_size: int, in_features: int) -> float:

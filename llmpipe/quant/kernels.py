@@ -47,6 +47,22 @@ def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, group: int) -> tor
     return _library().int8_dequantize(codes, scale, group)
 
 
+def q5_0_linear(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """x [M <= MAX_ROWS, K] @ a weight held as GGUF Q5_0 blocks [N, K / 32 * 22]: int8_linear's result on
+    its unpacked codes (q5_0_unpack), bit for bit."""
+    return _library().q5_0_linear(x, blocks)
+
+
+def q5_0_linear_dot(x: torch.Tensor, blocks: torch.Tensor, bits: int = 8, isa: int = 1) -> torch.Tensor:
+    """As q5_0_linear, with int8_linear_dot's integer dots."""
+    return _library().q5_0_linear_dot(x, blocks, bits, isa)
+
+
+def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 blocks [N, K / 32 * 22] → (codes q - 16 int8 [N, K], scales float32 [N, K / 32])."""
+    return _library().q5_0_unpack(blocks)
+
+
 def dot_available() -> bool:
     return _library() is not None  # one library holds both kinds of kernel
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from llmpipe.layers.linear import linear
 from llmpipe.quant import kernels
-from llmpipe.quant.formats import Int4Weight, Int8Weight, QuantizedWeight
+from llmpipe.quant.formats import Q5_0_BLOCK, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
 CHUNK = kernels.CHUNK
@@ -218,8 +218,10 @@ class Int8Linear(QuantizedLinear):
             raise ValueError("float weights quantize to per-channel int8 only; grouped int8 comes from GGUF Q8_0")
         return quantize_int8(w)
 
-    def pack(self, shards: list[Int8Weight]) -> None:
-        # A per-channel shard (group_size None) is one group spanning the (padded) row.
+    def pack(self, shards: list[Int8Weight | Q5_0Weight]) -> None:
+        # A per-channel shard (group_size None) is one group spanning the (padded) row. Q5_0 shards (a
+        # stacked layer mixing Q5_0 and Q8_0 tensors) hold their codes as int8.
+        shards = [s.to_int8() if isinstance(s, Q5_0Weight) else s for s in shards]
         self._check_group(shards, self.group_size, per_row_ok=True)
         q = torch.cat([s.q for s in shards])
         self.q.copy_(F.pad(q, (0, self.padded_in - q.shape[1])))
@@ -307,3 +309,53 @@ class Int4Linear(QuantizedLinear):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         w = super().embed(ids)
         return w if self.in_perm is None else w[:, torch.argsort(self.in_perm)]
+
+
+class Q5_0Linear(QuantizedLinear):
+    """GGUF Q5_0 weights as the file's blocks (formats.Q5_0Weight): the row kernels stream them and unpack
+    each row to Int8Linear's codes and scales, so every result is Int8Linear's on the same weight, bit for
+    bit; the panels and the dequantized weight are made from the unpacked codes."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int | None = Q5_0_BLOCK):
+        if in_features % Q5_0_BLOCK or group_size != Q5_0_BLOCK:
+            raise ValueError(f"Q5_0 weights need whole blocks of {Q5_0_BLOCK} inputs, got {in_features} (group {group_size})")
+        super().__init__(in_features, out_features, bias, Q5_0_BLOCK)
+        blocks = torch.empty(out_features, Q5_0Weight.bytes_per_row(in_features), dtype=torch.uint8)
+        self.register_buffer("blocks", blocks)
+
+    def quantize(self, w: torch.Tensor) -> QuantizedWeight:
+        raise ValueError("Q5_0 weights come from GGUF files; float weights quantize to int8 or int4")
+
+    def pack(self, shards: list[Q5_0Weight]) -> None:
+        self.blocks.copy_(torch.cat([s.blocks for s in shards]))
+        self.panels = None
+
+    def int8_form(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes q - 16 int8 [out, in], scales float32 [out, in / 32]): Int8Linear's q and scale."""
+        if self.blocks.device.type == "cpu" and kernels.available():
+            return kernels.q5_0_unpack(self.blocks)
+        weight = Q5_0Weight(self.blocks).to_int8()
+        return weight.q, weight.scale
+
+    def kernel(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_bits:
+            return kernels.q5_0_linear_dot(x, self.blocks, self.activation_bits)
+        return kernels.q5_0_linear(x, self.blocks)
+
+    def make_panels(self) -> torch.Tensor:
+        return kernels.int8_panels(*self.int8_form(), self.group_size)
+
+    def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
+
+    def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if rows is not None:
+            weight = Q5_0Weight(self.blocks[rows]).to_int8()
+            return _apply_groups(weight.q.float(), self.group_size, weight.scale)
+        q, scale = self.int8_form()
+        if self._dequantizes_in_c():
+            return kernels.int8_dequantize(q, scale, self.group_size)
+        return _apply_groups(q.float(), self.group_size, scale)
+
+    def _dequantizes_in_c(self) -> bool:
+        return self.blocks.device.type == "cpu" and kernels.available()

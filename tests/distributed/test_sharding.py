@@ -2,11 +2,12 @@
 
 import pytest
 import torch
+from gguf import GGMLQuantizationType, quants
 
 from llmpipe.config import ModelConfig
-from llmpipe.distributed.sharding import plan_shards, shard_tensor, slice_columns, split
+from llmpipe.distributed.sharding import plan_shards, shard_tensor, slice_columns, slice_rows, split
 from llmpipe.errors import UnsupportedModelError
-from llmpipe.quant.formats import Int8Weight
+from llmpipe.quant.formats import Int8Weight, Q5_0Weight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
 
@@ -53,13 +54,27 @@ def test_int4_groups_straddling_a_head_split_are_refused():
     (lambda w: quantize_int4(w, 32), 112),  # the last group of 32 is partial
     (quantize_int8, 112),
     (lambda w: Int8Weight(*_grouped_int8(w)), 128),  # GGUF Q8_0: whole groups of 32
-], ids=["int4-g32", "int8-row", "int8-g32"])
+    (lambda w: Q5_0Weight(_q5_0_blocks(w)), 128),  # GGUF Q5_0 kept as the file's blocks
+], ids=["int4-g32", "int8-row", "int8-g32", "q5_0"])
 def test_quantized_column_slices_dequantize_to_the_full_weights_columns(quantize, inputs):
     torch.manual_seed(0)
     full = quantize(torch.randn(8, inputs))
     for cols in split(inputs, 2, unit=32):
         part = slice_columns(full, cols, "w")
         torch.testing.assert_close(part.dequantize(), full.dequantize()[:, cols.start : cols.stop], rtol=0, atol=0)
+
+
+def _q5_0_blocks(w: torch.Tensor) -> torch.Tensor:
+    raw = quants.quantize(w.numpy(), GGMLQuantizationType.Q5_0)
+    return torch.from_numpy(raw).reshape(w.shape[0], -1).contiguous()
+
+
+def test_q5_0_row_slices_and_block_splitting_columns():
+    torch.manual_seed(0)
+    full = Q5_0Weight(_q5_0_blocks(torch.randn(8, 128)))
+    torch.testing.assert_close(slice_rows(full, range(3, 7)).dequantize(), full.dequantize()[3:7], rtol=0, atol=0)
+    with pytest.raises(UnsupportedModelError, match="split a Q5_0 block"):
+        slice_columns(full, range(16, 128), "w")
 
 
 def _grouped_int8(w: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FM
 
 WRITES = {  # op → the arguments it writes in place
     "int4_linear": set(), "int8_linear": set(), "int4_linear_dot": set(), "int8_linear_dot": set(), "has_vnni": set(),
-    "int4_dequantize": set(), "int8_dequantize": set(),
+    "int4_dequantize": set(), "int8_dequantize": set(), "q5_0_linear": set(), "q5_0_linear_dot": set(),
+    "q5_0_unpack": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
     "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
 }
@@ -27,6 +28,13 @@ def lowbit_args(rows: int, int4: bool) -> tuple:
     if int4:
         return x, torch.randint(0, 256, (N, K // 2), dtype=torch.uint8), scale, offset, GROUP
     return x, torch.randint(-127, 128, (N, K), dtype=torch.int8), scale, GROUP
+
+
+def q5_0_blocks() -> torch.Tensor:
+    """GGUF Q5_0 blocks [N, K / 32 * 22] of random codes, each block's float16 scale 1/64."""
+    blocks = torch.randint(0, 256, (N, K // 32, 22), dtype=torch.uint8)
+    blocks[..., :2] = torch.tensor([1 / 64], dtype=torch.float16).view(torch.uint8)
+    return blocks.flatten(1)
 
 
 def attention_args(batch: int = 2) -> dict:
@@ -65,6 +73,8 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("int4_linear", lowbit_args(3, int4=True)), ("int8_linear", lowbit_args(3, int4=False)),
     ("int4_linear_dot", lowbit_args(1, int4=True)), ("int8_linear_dot", lowbit_args(1, int4=False)),
     ("int4_dequantize", lowbit_args(1, int4=True)[1:]), ("int8_dequantize", lowbit_args(1, int4=False)[1:]),
+    ("q5_0_linear", (torch.randn(3, K), q5_0_blocks())), ("q5_0_linear_dot", (torch.randn(2, K), q5_0_blocks())),
+    ("q5_0_unpack", (q5_0_blocks(),)),
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *int8_attention_args().values(), 0.25, 4, INT8_SCALES)),
@@ -127,6 +137,10 @@ def test_shapes_the_c_code_does_not_take_are_refused():
         "int4_dequantize", codes, scale, offset[:40], GROUP)
     assert "int8_dequantize: scale must have size 4 in dimension 1" in refusal(
         "int8_dequantize", torch.zeros(N, K, dtype=torch.int8), scale, 16)
+    assert "whole 22-byte Q5_0 blocks per row" in refusal("q5_0_linear", x, q5_0_blocks()[:, :30].contiguous())
+    assert "q5_0_linear_dot: x must have size 64 in dimension 1" in refusal(
+        "q5_0_linear_dot", torch.randn(2, 32), q5_0_blocks())
+    assert "q5_0_unpack: blocks must be Byte, got Char" in refusal("q5_0_unpack", q5_0_blocks().view(torch.int8))
     assert "K must be a multiple of 16" in refusal("small_batch_linear", torch.randn(2, 24), torch.randn(8, 24))
     a = attention_args()
     assert "head dim must be a multiple of 8" in refusal(

@@ -11,8 +11,8 @@ from gguf import quants
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.loader.gguf_weights import NATIVE_FORMATS, native_weight
-from llmpipe.quant.formats import Int4Weight, Int8Weight
-from llmpipe.quant.linear import Int4Linear, Int8Linear
+from llmpipe.quant.formats import Int4Weight, Int8Weight, Q5_0Weight
+from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear
 from tests.loader.test_gguf_quants import K_QUANT_SCALE_OFFSETS, random_blocks, random_weights
 from tests.models.test_llama_parity import PROMPT
 
@@ -25,6 +25,8 @@ QTYPES = {
     "model.layers.0.self_attn.o_proj.weight": Q.Q5_0,
     "model.layers.1.self_attn.q_proj.weight": Q.Q4_1,  # k and v float: the stacked qkv stays float
     "model.layers.1.self_attn.o_proj.weight": Q.Q8_0,
+    "model.layers.1.mlp.gate_proj.weight": Q.Q5_0,  # with a Q8_0 up: the stacked gate_up holds both as int8
+    "model.layers.1.mlp.up_proj.weight": Q.Q8_0,
     "lm_head.weight": Q.Q8_0,
 }
 
@@ -34,7 +36,8 @@ def test_a_native_weight_dequantizes_to_ggmls_weights_bit_for_bit(qtype):
     raw = random_blocks(qtype) if qtype in K_QUANT_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
     weight = native_weight(qtype, torch.from_numpy(raw))
     kind, group = NATIVE_FORMATS[qtype]
-    assert isinstance(weight, Int4Weight if kind == "int4" else Int8Weight) and weight.group_size == group
+    assert isinstance(weight, {"int4": Int4Weight, "int8": Int8Weight, "q5_0": Q5_0Weight}[kind])
+    assert weight.group_size == group
     expected = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32))
     assert torch.equal(weight.dequantize(), expected)
 
@@ -45,9 +48,10 @@ def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny
     layers = native.engine.model.model.layers
     assert isinstance(layers[0].self_attn.qkv_proj, Int4Linear) and layers[0].self_attn.qkv_proj.group_size == 32
     assert isinstance(layers[0].mlp.gate_up_proj, Int4Linear)
-    assert isinstance(layers[0].self_attn.o_proj, Int8Linear) and layers[0].self_attn.o_proj.group_size == 32  # Q5_0
+    assert isinstance(layers[0].self_attn.o_proj, Q5_0Linear)  # the file's blocks
     assert isinstance(layers[1].self_attn.o_proj, Int8Linear) and layers[1].self_attn.o_proj.group_size == 32
     assert isinstance(native.engine.model.lm_head, Int8Linear)
+    assert isinstance(layers[1].mlp.gate_up_proj, Int8Linear) and layers[1].mlp.gate_up_proj.group_size == 32
     assert not isinstance(layers[1].mlp.down_proj, (Int4Linear, Int8Linear))  # float in the file: stays float
     assert not isinstance(layers[1].self_attn.qkv_proj, (Int4Linear, Int8Linear))  # mixed formats
     assert native.engine.weight_bytes < dense.engine.weight_bytes
@@ -85,3 +89,39 @@ def test_smollm2_int4_greedy_matches_dequantized_float32_up_to_a_near_tie():
     near_tie = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < 0.01), len(ref))
     ours = LLM("smollm2-135m-instruct", progress=False).chat(chat, params)[0].outputs[0].token_ids
     assert ours[:near_tie] == ref[:near_tie]
+
+
+Q5_0_QTYPES = {  # layer 0's attention and gate_up Q5_0 (its down_proj's 112 inputs are no whole blocks); layer 1's gate_up mixes Q5_0 with Q8_0 (held as int8), its o_proj Q5_0
+    **{f"model.layers.0.{name}.weight": Q.Q5_0 for name in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+        "mlp.up_proj")},
+    "model.layers.1.mlp.gate_proj.weight": Q.Q5_0,
+    "model.layers.1.mlp.up_proj.weight": Q.Q8_0,
+    "model.layers.1.self_attn.o_proj.weight": Q.Q5_0,
+    "lm_head.weight": Q.Q8_0,
+}
+
+
+@pytest.mark.parametrize("activations", [None, "auto"], ids=["float activations", "default"])
+def test_q5_0_blocks_decode_what_their_int8_codes_decode(tiny_gguf, monkeypatch, activations):
+    """Q5_0 kept as the file's blocks and the same tensors held as int8 codes: the same tokens and logprobs,
+    bit for bit, for a batch of prompts, through the fused decode step and layer by layer."""
+    path = str(tiny_gguf("llama_gqa", Q5_0_QTYPES))
+    blocks = LLM(path, activation_quantization=activations, progress=False)
+    monkeypatch.setitem(NATIVE_FORMATS, Q.Q5_0, ("int8", 32))
+    codes = LLM(path, activation_quantization=activations, progress=False)
+    layer = blocks.engine.model.model.layers[0]
+    assert all(isinstance(m, Q5_0Linear) for m in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj))
+    assert isinstance(codes.engine.model.model.layers[0].mlp.gate_up_proj, Int8Linear)
+    assert blocks.engine.weight_bytes < codes.engine.weight_bytes
+    assert blocks.engine.model.model.decode_step() is not None  # the fused step takes Q5_0 layers
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=3)
+    prompts = [{"prompt_token_ids": PROMPT[:n]} for n in (len(PROMPT), 3, 9)]
+    for fused, batch in ((True, prompts), (True, prompts[:1]), (False, prompts)):
+        for llm in (blocks, codes):
+            llm.engine.model.model.fused_decode = fused
+        ours, theirs = (llm.generate(batch, params, use_tqdm=False) for llm in (blocks, codes))
+        for a, b in zip(ours, theirs):
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids
+            assert [{t: p.logprob for t, p in step.items()} for step in a.outputs[0].logprobs] == \
+                [{t: p.logprob for t, p in step.items()} for step in b.outputs[0].logprobs]

@@ -17,6 +17,7 @@
  *   F32:  float [N, K]
  *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
  *   INT8: codes [N, K], scale [N, G]
+ *   Q5_0: GGUF's blocks [N, K / 32 * 22] (lowbit_q5_rows.h: unpacked a row at a time for the INT8 row functions)
  * and, for batches of PANEL_MIN_ROWS or more on the integer-dot path, the same weights as panels
  * (lowbit_panels.h) where given.
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
@@ -39,9 +40,10 @@
 #include "float_rows.h"
 #include "lowbit_float_rows.h"
 #include "lowbit_panels.h"
+#include "lowbit_q5_rows.h"
 #include "lowbit_q8_rows.h"
 
-enum { F32 = 0, INT4 = 1, INT8 = 2 };
+enum { F32 = 0, INT4 = 1, INT8 = 2, Q5_0 = 3 };
 
 typedef struct {
     int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
@@ -71,6 +73,8 @@ typedef struct {
     float *xn, *y, *y2, *xsum, *dx, *tmp;
     int8_t *qx, *qp; /* qp: qx in the batch-1 INT4 rows' order (lowbit_q8_rows.h: int4_m1_order) */
     int32_t *cg;
+    int8_t *codes; /* Q5_0: two weight rows unpacked, and their scales */
+    float *scales;
 } Scratch;
 
 static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
@@ -84,10 +88,12 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.qx = malloc(activation_bytes(B, K, 2));
     s.qp = malloc(activation_bytes(B, K, 2));
     s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
+    s.codes = malloc(2 * K);
+    s.scales = malloc(sizeof(float) * 2 * (K / BLOCK));
     return s;
 }
 
-static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg); }
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
  * four-row functions on the same rows, for the same bits); for batches, whole panels. */
@@ -138,6 +144,26 @@ static void group_sums(const float *x, int64_t B, int64_t K, int64_t group, floa
         }
 }
 
+/* A Q5_0 weight's rows [n, n + rows) into s->codes and s->scales. */
+static inline void unpack_rows(const LinearDesc *w, int64_t n, int64_t rows, Scratch *s) {
+    unpack_q5_0_rows((const uint8_t *)w->weight + n * q5_0_row_bytes(w->K), rows, w->K, s->codes, s->scales);
+}
+
+/* exact_slice's INT8 loops on Q5_0 rows unpacked (pairs at batch 1). */
+static void q5_0_exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    const int64_t K = w->K, width = n1 - n0;
+    float *y = s->y;
+    if (B == 1) {
+        int64_t n = n0;
+        for (; n + 1 < n1; n += 2) unpack_rows(w, n, 2, s), int8_pair(x, s->codes, s->scales, y + n - n0, K, BLOCK);
+        if (n < n1) unpack_rows(w, n, 1, s), int8_row(x, s->codes, s->scales, y, n - n0, width, K, BLOCK, 1);
+        return;
+    }
+#define Q5_0_EXACT_ROWS(MR) \
+    for (int64_t n = n0; n < n1; n++) unpack_rows(w, n, 1, s), int8_row(x, s->codes, s->scales, y, n - n0, width, K, BLOCK, MR)
+    FOR_ROWS(B, Q5_0_EXACT_ROWS)
+}
+
 static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     const int64_t K = w->K, group = w->group, G = num_groups(K, group), width = n1 - n0;
     float *y = s->y;
@@ -148,6 +174,10 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
         return;
     }
     const float *scale = w->scale, *offset = w->offset;
+    if (w->kind == Q5_0) {
+        q5_0_exact_slice(w, x, B, n0, n1, s);
+        return;
+    }
     if (w->kind == INT4) {
         const uint8_t *codes = w->weight;
         group_sums(x, B, K, group, s->xsum);
@@ -191,6 +221,14 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
         if (w->kind == INT4) {                                                                          \
             const uint8_t *codes = w->weight;                                                           \
             WITH_PLANES(planes, NAME##_M1_INT4 FOR_ROWS(B, NAME##_INT4));                              \
+        } else if (w->kind == Q5_0) { /* the INT8 rows on each row unpacked */                          \
+            WITH_PLANES(planes, for (int64_t n = n0; n < n1; n++) {                                     \
+                unpack_rows(w, n, 1, s);                                                                \
+                if (B == 1)                                                                             \
+                    NAME##_Q5_0_M1(s->codes, K, s->scales, qx, dx, K, group, cg, s->y + n - n0, 1, NULL, xsum, K, PL); \
+                else                                                                                    \
+                    FOR_ROWS(B, NAME##_Q5_0);                                                           \
+            });                                                                                         \
         } else {                                                                                        \
             const int8_t *codes = w->weight;                                                            \
             WITH_PLANES(planes, NAME##_M1_INT8 FOR_ROWS(B, NAME##_INT8));                              \
@@ -209,6 +247,16 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 #define dot_slice_avx2_INT8(MR) DOT_ROWS(int8_row_avx2, MR, K, NULL)
 #define dot_slice_vnni_INT4(MR) DOT_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
 #define dot_slice_vnni_INT8(MR) DOT_ROWS(int8_row_vnni, MR, K, NULL)
+#define dot_slice_avx2_Q5_0_M1 int8_rows_avx2_m1
+#define dot_slice_vnni_Q5_0_M1 int8_rows_vnni_m1
+#define Q5_0_DOT_ROW(ROW, MR)                                                                             \
+    {                                                                                                   \
+        float out[MAX_ROWS];                                                                            \
+        ROW(s->codes, s->scales, qx, dx, K, group, cg, out, MR, NULL, xsum, B * K, PL);                 \
+        for (int m = 0; m < MR; m++) s->y[m * (n1 - n0) + n - n0] = out[m];                             \
+    }
+#define dot_slice_avx2_Q5_0(MR) Q5_0_DOT_ROW(int8_row_avx2, MR)
+#define dot_slice_vnni_Q5_0(MR) Q5_0_DOT_ROW(int8_row_vnni, MR)
 DEFINE_DOT_SLICE(dot_slice_avx2, )
 DEFINE_DOT_SLICE(dot_slice_vnni, VNNI)
 

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "lowbit_q5_rows.h"
 #include "lowbit_q8_rows.h"
 
 /* ---- entry points ------------------------------------------------------------------------------ */
@@ -79,6 +80,37 @@ DEFINE_INT4_LINEAR(int4_dot_vnni, VNNI, int4_row_vnni)
 DEFINE_INT8_LINEAR(int8_dot_avx2, NO_ATTR, int8_row_avx2)
 DEFINE_INT8_LINEAR(int8_dot_vnni, VNNI, int8_row_vnni)
 
+/* Q5_0 blocks (lowbit_q5_rows.h): each thread unpacks its rows one at a time and runs the INT8 row
+ * functions on them, as the INT8 entry points do on codes in place (batch 1: the one-row function). */
+#define Q5_0_ROW(ROW, MR)                                                                               \
+    {                                                                                                   \
+        float out[8];                                                                                   \
+        ROW(codes, scale, qx, dx, K, 32, cg, out, MR, NULL, xsum, M * K, PL);                           \
+        for (int m = 0; m < MR; m++) y[m * N + n] = out[m];                                             \
+    }
+#define Q5_0_ROW_avx2(MR) Q5_0_ROW(int8_row_avx2, MR)
+#define Q5_0_ROW_vnni(MR) Q5_0_ROW(int8_row_vnni, MR)
+#define DEFINE_Q5_0_LINEAR(NAME, ATTR, ISA)                                                             \
+    ATTR static void NAME(const int8_t *qx, const float *dx, const float *xsum, const uint8_t *blocks,  \
+                          float *y, int64_t M, int64_t N, int64_t K, const int32_t *cg, int planes) {   \
+        _Pragma("omp parallel") {                                                                       \
+            int8_t *codes = malloc(K);                                                                  \
+            float *scale = malloc(sizeof(float) * (K / 32));                                            \
+            int64_t n0, n1;                                                                             \
+            thread_rows(N, 4, &n0, &n1);                                                                \
+            WITH_PLANES(planes, for (int64_t n = n0; n < n1; n++) {                                     \
+                unpack_q5_0_rows(blocks + n * q5_0_row_bytes(K), 1, K, codes, scale);                   \
+                if (M == 1)                                                                             \
+                    int8_rows_##ISA##_m1(codes, K, scale, qx, dx, K, 32, cg, y + n, 1, NULL, xsum, K, PL); \
+                else                                                                                    \
+                    FOR_ROWS(M, Q5_0_ROW_##ISA)                                                         \
+            });                                                                                         \
+            free(codes), free(scale);                                                                   \
+        }                                                                                               \
+    }
+DEFINE_Q5_0_LINEAR(q5_0_dot_avx2, NO_ATTR, avx2)
+DEFINE_Q5_0_LINEAR(q5_0_dot_vnni, VNNI, vnni)
+
 /* y[M <= 8, N] = x[M, K] @ W^T with x quantized here (quantize_rows) to `bits` 8 (one plane) or 16 (two
  * planes, 15-bit codes); `isa`: 0 AVX2, 1 VNNI where the CPU has it. The weights: codes [N, K / 2] (INT4,
  * with `offset`) or [N, K] (INT8, offset NULL), scale [N, G]. */
@@ -100,6 +132,18 @@ static void linear_dot(int int4, const float *x, const void *codes, const float 
         (vnni ? int4_dot_vnni : int4_dot_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg, planes);
     else
         (vnni ? int8_dot_vnni : int8_dot_avx2)(qx, dx, xsum, codes, scale, NULL, y, M, N, K, group, cg, planes);
+    free(qx), free(dx), free(xsum), free(cg);
+}
+
+/* As int8_linear_dot, for a weight held as Q5_0 blocks [N, K / 32 * 22]. */
+void q5_0_linear_dot(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                     int64_t isa) {
+    const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
+    int8_t *qx = malloc(activation_bytes(M, K, planes));
+    float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * (K / BLOCK));
+    int32_t *cg = chunk_groups(K, BLOCK);
+    quantize_rows(x, M, K, BLOCK, planes, qx, dx, xsum);
+    (vnni ? q5_0_dot_vnni : q5_0_dot_avx2)(qx, dx, xsum, blocks, y, M, N, K, cg, planes);
     free(qx), free(dx), free(xsum), free(cg);
 }
 

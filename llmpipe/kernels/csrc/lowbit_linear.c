@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "lowbit_float_rows.h"
+#include "lowbit_q5_rows.h"
 
 void int4_linear(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
                  int64_t M, int64_t N, int64_t K, int64_t group) {
@@ -53,6 +54,43 @@ void int8_linear(const float *x, const int8_t *codes, const float *scale, float 
     _Pragma("omp parallel for schedule(static)") for (int64_t n = 0; n < N; n++)                   \
         int8_row(x, codes + n * K, scale + n * G, y, n, N, K, group, MR)
     FOR_ROWS(M, INT8_ROWS)
+}
+
+/* int8_linear's loops over Q5_0 blocks (lowbit_q5_rows.h): each thread unpacks the rows it takes, pairs
+ * at batch 1, into its scratch rows, then runs int8_linear's row functions on them. */
+void q5_0_linear(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K) {
+    const int64_t G = K / 32, row_bytes = q5_0_row_bytes(K);
+#pragma omp parallel
+    {
+        int8_t *codes = malloc(2 * K);
+        float *scale = malloc(sizeof(float) * 2 * G);
+        if (M == 1) {
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N - 1; n += 2) {
+                unpack_q5_0_rows(blocks + n * row_bytes, 2, K, codes, scale);
+                int8_pair(x, codes, scale, y + n, K, 32);
+            }
+#pragma omp single
+            if (N % 2) {
+                unpack_q5_0_rows(blocks + (N - 1) * row_bytes, 1, K, codes, scale);
+                int8_row(x, codes, scale, y, N - 1, N, K, 32, 1);
+            }
+        } else {
+#define Q5_0_ROWS(MR)                                                                              \
+    _Pragma("omp for schedule(static)") for (int64_t n = 0; n < N; n++) {                          \
+        unpack_q5_0_rows(blocks + n * row_bytes, 1, K, codes, scale);                              \
+        int8_row(x, codes, scale, y, n, N, K, 32, MR);                                             \
+    }
+            FOR_ROWS(M, Q5_0_ROWS)
+        }
+        free(codes), free(scale);
+    }
+}
+
+/* Q5_0 blocks [N, K / 32 * 22] → codes q - 16 [N, K] and scales [N, K / 32] (the INT8 form of the weight). */
+void q5_0_unpack(const uint8_t *blocks, int8_t *codes, float *scale, int64_t N, int64_t K) {
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) unpack_q5_0_rows(blocks + n * q5_0_row_bytes(K), 1, K, codes + n * K, scale + n * (K / 32));
 }
 
 /* W itself, as float32 [N, K] (the float GEMM of long prefill chunks multiplies by it): code * scale, then

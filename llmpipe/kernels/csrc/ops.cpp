@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 namespace kernels {
 extern "C" {
@@ -23,12 +24,16 @@ void int8_linear(const float *x, const int8_t *codes, const float *scale, float 
 void int4_dequantize(const uint8_t *codes, const float *scale, const float *offset, float *w, int64_t N, int64_t K,
                      int64_t group);
 void int8_dequantize(const int8_t *codes, const float *scale, float *w, int64_t N, int64_t K, int64_t group);
+void q5_0_linear(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K);
+void q5_0_unpack(const uint8_t *blocks, int8_t *codes, float *scale, int64_t N, int64_t K);
 // lowbit_dot.c
 int has_vnni(void);
 void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
                      int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa);
 void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N,
                      int64_t K, int64_t group, int64_t bits, int64_t isa);
+void q5_0_linear_dot(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
+                     int64_t isa);
 // lowbit_gemm.c
 void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
                    int64_t isa);
@@ -57,6 +62,7 @@ namespace {
 constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
 constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
 constexpr int64_t HALF_CHUNK = 16;
+constexpr int64_t Q5_0_BLOCK_BYTES = 22;  // lowbit_q5_rows.h: GGUF's Q5_0 block of CHUNK weights
 constexpr int64_t PANEL = 8;  // lowbit_panels.h: a panel's rows, and its bytes per 32 inputs
 constexpr int64_t INT4_PANEL_BYTES = 128 + 2 * PANEL * 4, INT8_PANEL_BYTES = 256 + 2 * PANEL * 4;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
 // decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
@@ -154,6 +160,40 @@ at::Tensor int8_linear(const at::Tensor &x, const at::Tensor &codes, const at::T
     return y;
 }
 
+// GGUF Q5_0 blocks [N, K / CHUNK * Q5_0_BLOCK_BYTES] uint8; returns K.
+int64_t check_q5_0(const char *op, const at::Tensor &blocks) {
+    check(op, "blocks", blocks, at::kByte, 2);
+    TORCH_CHECK(blocks.size(1) > 0 && blocks.size(1) % Q5_0_BLOCK_BYTES == 0, op, ": blocks must hold whole ",
+                Q5_0_BLOCK_BYTES, "-byte Q5_0 blocks per row, got shape ", blocks.sizes());
+    return blocks.size(1) / Q5_0_BLOCK_BYTES * CHUNK;
+}
+
+// x [M <= MAX_ROWS, K] float32 against check_q5_0's blocks.
+Shape check_q5_0_linear(const char *op, const at::Tensor &x, const at::Tensor &blocks) {
+    const int64_t K = check_q5_0(op, blocks);
+    check(op, "x", x, at::kFloat, 2);
+    check_size(op, "x", x, 1, K);
+    TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", x.size(0));
+    return Shape{x.size(0), blocks.size(0), K};
+}
+
+at::Tensor q5_0_linear(const at::Tensor &x, const at::Tensor &blocks) {
+    const Shape s = check_q5_0_linear("q5_0_linear", x, blocks);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::q5_0_linear(x.const_data_ptr<float>(), blocks.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(), s.M,
+                         s.N, s.K);
+    return y;
+}
+
+// The INT8 form of Q5_0 blocks: codes q - 16 int8 [N, K] and scales float32 [N, K / CHUNK].
+std::tuple<at::Tensor, at::Tensor> q5_0_unpack(const at::Tensor &blocks) {
+    const int64_t K = check_q5_0("q5_0_unpack", blocks), N = blocks.size(0);
+    at::Tensor codes = at::empty({N, K}, at::dtype(at::kChar)), scale = float_empty(N, K / CHUNK);
+    kernels::q5_0_unpack(blocks.const_data_ptr<uint8_t>(), codes.mutable_data_ptr<int8_t>(),
+                         scale.mutable_data_ptr<float>(), N, K);
+    return {codes, scale};
+}
+
 void check_bits(const char *op, int64_t bits) {
     TORCH_CHECK(bits == 8 || bits == 16, op, ": bits must be 8 or 16, got ", bits);
 }
@@ -176,6 +216,15 @@ at::Tensor int8_linear_dot(const at::Tensor &x, const at::Tensor &codes, const a
     at::Tensor y = float_empty(s.M, s.N);
     kernels::int8_linear_dot(x.const_data_ptr<float>(), codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
                              y.mutable_data_ptr<float>(), s.M, s.N, s.K, group, bits, isa);
+    return y;
+}
+
+at::Tensor q5_0_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_t bits, int64_t isa) {
+    const Shape s = check_q5_0_linear("q5_0_linear_dot", x, blocks);
+    check_bits("q5_0_linear_dot", bits);
+    at::Tensor y = float_empty(s.M, s.N);
+    kernels::q5_0_linear_dot(x.const_data_ptr<float>(), blocks.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+                             s.M, s.N, s.K, bits, isa);
     return y;
 }
 
@@ -375,6 +424,9 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("int8_dequantize(Tensor codes, Tensor scale, int group) -> Tensor");
     m.def("int4_linear_dot(Tensor x, Tensor codes, Tensor scale, Tensor offset, int group, int bits=8, int isa=1) -> Tensor");
     m.def("int8_linear_dot(Tensor x, Tensor codes, Tensor scale, int group, int bits=8, int isa=1) -> Tensor");
+    m.def("q5_0_linear(Tensor x, Tensor blocks) -> Tensor");
+    m.def("q5_0_linear_dot(Tensor x, Tensor blocks, int bits=8, int isa=1) -> Tensor");
+    m.def("q5_0_unpack(Tensor blocks) -> (Tensor, Tensor)");
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
@@ -394,6 +446,9 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("int8_dequantize", &int8_dequantize);
     m.impl("int4_linear_dot", &int4_linear_dot);
     m.impl("int8_linear_dot", &int8_linear_dot);
+    m.impl("q5_0_linear", &q5_0_linear);
+    m.impl("q5_0_linear_dot", &q5_0_linear_dot);
+    m.impl("q5_0_unpack", &q5_0_unpack);
     m.impl("int4_gemm_dot", &int4_gemm_dot);
     m.impl("int8_gemm_dot", &int8_gemm_dot);
     m.impl("small_batch_linear", &small_batch_linear);

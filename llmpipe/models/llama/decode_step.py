@@ -28,7 +28,8 @@ from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.attention_kernel import cache_tensors
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.linear import FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear
+from llmpipe.quant.linear import (FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear,
+                                  Q5_0Linear)
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
 # Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
@@ -38,7 +39,7 @@ MAX_BATCH = KERNEL_MAX_BATCH
 # With activation quantization on every linear (panels: each weight read once a step for the whole
 # batch, as a GEMM reads it), the step takes decode batches up to this.
 PANEL_MAX_BATCH = 256
-F32, INT4, INT8 = 0, 1, 2
+F32, INT4, INT8, Q5_0 = 0, 1, 2, 3
 LINEAR_SLOTS = 10  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
 ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}  # csrc SILU, GELU_TANH
 TABLE_WORD = 2 + 4 * LINEAR_SLOTS + 4 + 3  # csrc LayerDesc.table: the layer's block-table set, set per step
@@ -58,7 +59,7 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         if w.dtype != torch.float32 or not w.is_contiguous() or w.shape[1] % 16:
             return None
         return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0]
-    if not isinstance(module, (Int4Linear, Int8Linear)) or module.padded_in != module.in_features:
+    if not isinstance(module, (Int4Linear, Int8Linear, Q5_0Linear)) or module.padded_in != module.in_features:
         return None
     bits = module.activation_bits or 0
     panels = module.batch_panels() if module.takes_panels(PANEL_MIN_ROWS) else None  # batches: each weight read once
@@ -67,6 +68,9 @@ def linear_slots(module: nn.Module) -> list[int] | None:
             return None
         return [INT4, bits, module.codes.data_ptr(), module.scale.data_ptr(), module.offset.data_ptr(), _ptr(bias),
                 module.out_features, module.in_features, module.group_size, _ptr(panels)]
+    if isinstance(module, Q5_0Linear):
+        return [Q5_0, bits, module.blocks.data_ptr(), 0, 0, _ptr(bias), module.out_features, module.in_features,
+                module.group_size, _ptr(panels)]
     return [INT8, bits, module.q.data_ptr(), module.scale.data_ptr(), 0, _ptr(bias), module.out_features,
             module.in_features, module.group_size, _ptr(panels)]
 
