@@ -75,6 +75,11 @@ def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8, 
     return _rows(x, N)
 
 
+@torch.library.register_fake("llmpipe::greedy_argmax")
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    return logits.new_empty(logits.shape[0], dtype=torch.int64)
+
+
 @torch.library.register_fake("llmpipe::small_batch_linear")
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return _rows(x, weight.shape[0])

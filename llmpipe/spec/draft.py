@@ -24,7 +24,7 @@ from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import ScheduledChunk, SchedulerOutput
 from llmpipe.engine.sequence import Sequence
 from llmpipe.errors import LLMPipeError
-from llmpipe.layers.sampler import SamplingRow, adjusted_logits, distribution, draw
+from llmpipe.layers.sampler import SamplingRow, adjusted_logits, argmax_rows, distribution, draw
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import load_model
 from llmpipe.models.registry import family_of
@@ -134,7 +134,7 @@ class DraftProposer:
         sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
         q_row = {i: j for j, i in enumerate(sampled)}
         q = distribution(adjusted[sampled], [rows[i] for i in sampled]) if sampled else None
-        argmax = adjusted.argmax(dim=-1).tolist()
+        argmax = argmax_rows(adjusted).tolist()
         for i, shadow in enumerate(order):
             seq = targets[shadow]
             if rows[i].params.greedy:

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from llmpipe.layers.sampler import SamplingRow, distribution, draw
+from llmpipe.layers.sampler import SamplingRow, argmax_rows, distribution, draw
 from llmpipe.spec.proposal import Proposal
 
 
@@ -23,7 +23,7 @@ def verify(adjusted: torch.Tensor, rows: Sequence[SamplingRow], proposal: Propos
     one token from the target."""
     params, generator = rows[0].params, rows[0].generator
     if params.greedy:
-        targets = adjusted.argmax(dim=-1).tolist()
+        targets = argmax_rows(adjusted).tolist()
         accepted = 0
         while accepted < len(proposal.token_ids) and proposal.token_ids[accepted] == targets[accepted]:
             accepted += 1

@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from llmpipe.layers.sampler import SamplingRow, apply_penalties, filter_top_k_top_p_min_p, sample
+from llmpipe.layers.sampler import SamplingRow, apply_penalties, argmax_rows, filter_top_k_top_p_min_p, sample
 from llmpipe.sampling_params import SamplingParams
 
 
@@ -121,3 +121,42 @@ def test_logit_bias_adds_to_the_logits_before_every_rule():
 def test_logit_bias_values_outside_openai_range_or_not_token_ids_are_refused(bias):
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias=bias)
+
+
+def argmax_cases() -> list[torch.Tensor]:
+    """Rows for the greedy argmax: wide and narrow vocabularies, one row and many, ties (the first one
+    wins), -inf everywhere, a NaN (torch.argmax's pick: the first NaN), a maximum in a tail past the
+    last whole vector."""
+    torch.manual_seed(0)
+    cases = [torch.randn(rows, vocab) for rows, vocab in ((1, 262_144), (1, 49_152), (5, 49_152), (3, 13), (1, 1), (2, 7))]
+    ties = torch.randn(4, 1000)
+    ties[:, [17, 300, 999]] = 9.0
+    ties[1, 5] = 9.0
+    ties[2, :] = 0.0
+    lone = torch.full((2, 1003), float("-inf"))
+    lone[1, 1001] = -1.0
+    nan = torch.randn(3, 5000)
+    nan[0, [40, 4000]] = float("nan")
+    nan[2, 4999] = float("nan")
+    one_row_split = torch.randn(1, 100_003)
+    one_row_split[0, [77_000, 99_999]] = 50.0  # a later part holds the maximum twice
+    one_row_nan = torch.randn(1, 100_000)
+    one_row_nan[0, [60_000, 90_000]] = float("nan")
+    return cases + [ties, lone, nan, one_row_split, one_row_nan]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_the_greedy_argmax_is_torch_argmax_on_every_row(threads):
+    from llmpipe.kernels.build import library
+
+    if library() is None:
+        pytest.skip("needs AVX2 + FMA, a C compiler and ninja")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for logits in argmax_cases():
+            assert torch.equal(library().greedy_argmax(logits), logits.argmax(dim=-1)), logits.shape
+            assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(argmax_rows(torch.tensor([[1.0, 3.0, 3.0]], dtype=torch.float64)), torch.tensor([1]))  # PyTorch's

@@ -39,6 +39,8 @@ void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, i
                    int64_t isa);
 void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
                    int64_t isa);
+// greedy_argmax.c
+void greedy_argmax(const float *logits, int64_t *out, int64_t rows, int64_t n);
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
@@ -276,6 +278,18 @@ at::Tensor small_batch_linear(const at::Tensor &x_in, const at::Tensor &weight) 
     return y;
 }
 
+// Each row's argmax of logits [rows, vocab] float32, as torch.argmax(dim=-1): int64 [rows].
+at::Tensor greedy_argmax(const at::Tensor &logits) {
+    const char *op = "greedy_argmax";
+    check(op, "logits", logits, at::kFloat, 2);
+    TORCH_CHECK(logits.size(0) >= 1 && logits.size(1) >= 1, op, ": logits must be [rows >= 1, vocab >= 1], got ",
+                logits.sizes());
+    at::Tensor out = at::empty({logits.size(0)}, at::dtype(at::kLong));
+    kernels::greedy_argmax(logits.const_data_ptr<float>(), out.mutable_data_ptr<int64_t>(), logits.size(0),
+                           logits.size(1));
+    return out;
+}
+
 struct Cache {
     int64_t num_blocks, block_size, kv_heads, head_dim;
 };
@@ -430,6 +444,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
+    m.def("greedy_argmax(Tensor logits) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
           "int? window, Tensor? kv_scales=None) -> Tensor");
@@ -451,6 +466,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("q5_0_unpack", &q5_0_unpack);
     m.impl("int4_gemm_dot", &int4_gemm_dot);
     m.impl("int8_gemm_dot", &int8_gemm_dot);
+    m.impl("greedy_argmax", &greedy_argmax);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);
     m.impl("rope_write_decode_attention", &rope_write_decode_attention);
