@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-Q5_0_BLOCK_BYTES = 22  # csrc lowbit_q5_rows.h
+from llmpipe.quant.formats import Q5_0_BLOCK, Q5_0_BLOCK_BYTES
 
 
 def _rows(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -60,9 +60,9 @@ def q5_0_linear_dot(x: torch.Tensor, blocks: torch.Tensor, bits: int = 8, isa: i
 
 @torch.library.register_fake("llmpipe::q5_0_unpack")
 def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    k = blocks.shape[1] // Q5_0_BLOCK_BYTES * 32
+    k = blocks.shape[1] // Q5_0_BLOCK_BYTES * Q5_0_BLOCK
     return (blocks.new_empty(blocks.shape[0], k, dtype=torch.int8),
-            blocks.new_empty(blocks.shape[0], k // 32, dtype=torch.float32))
+            blocks.new_empty(blocks.shape[0], k // Q5_0_BLOCK, dtype=torch.float32))
 
 
 @torch.library.register_fake("llmpipe::int4_gemm_dot")
