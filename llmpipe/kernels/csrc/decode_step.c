@@ -75,6 +75,7 @@ typedef struct {
     int32_t *cg;
     int8_t *codes; /* Q5_0: two weight rows unpacked, and their scales */
     float *scales;
+    int32_t *bias; /* Q5_0 on VNNI at batch 1: q5_0_bias's sums */
 } Scratch;
 
 static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
@@ -90,10 +91,11 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
     s.codes = malloc(2 * K);
     s.scales = malloc(sizeof(float) * 2 * (K / BLOCK));
+    s.bias = malloc(sizeof(int32_t) * 2 * (K / 4));
     return s;
 }
 
-static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales); }
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales), free(s->bias); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
  * four-row functions on the same rows, for the same bits); for batches, whole panels. */
@@ -221,13 +223,10 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
         if (w->kind == INT4) {                                                                          \
             const uint8_t *codes = w->weight;                                                           \
             WITH_PLANES(planes, NAME##_M1_INT4 FOR_ROWS(B, NAME##_INT4));                              \
-        } else if (w->kind == Q5_0) { /* the INT8 rows on each row unpacked */                          \
-            WITH_PLANES(planes, for (int64_t n = n0; n < n1; n++) {                                     \
+        } else if (w->kind == Q5_0) { /* the INT8 rows on each row unpacked (VNNI batch 1: the blocks) */ \
+            WITH_PLANES(planes, if (B == 1) { NAME##_Q5_0_M1 } else for (int64_t n = n0; n < n1; n++) {  \
                 unpack_rows(w, n, 1, s);                                                                \
-                if (B == 1)                                                                             \
-                    NAME##_Q5_0_M1(s->codes, K, s->scales, qx, dx, K, group, cg, s->y + n - n0, 1, NULL, xsum, K, PL); \
-                else                                                                                    \
-                    FOR_ROWS(B, NAME##_Q5_0);                                                           \
+                FOR_ROWS(B, NAME##_Q5_0);                                                               \
             });                                                                                         \
         } else {                                                                                        \
             const int8_t *codes = w->weight;                                                            \
@@ -247,8 +246,13 @@ static void exact_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 #define dot_slice_avx2_INT8(MR) DOT_ROWS(int8_row_avx2, MR, K, NULL)
 #define dot_slice_vnni_INT4(MR) DOT_ROWS(int4_row_vnni, MR, K / 2, offset + n * G)
 #define dot_slice_vnni_INT8(MR) DOT_ROWS(int8_row_vnni, MR, K, NULL)
-#define dot_slice_avx2_Q5_0_M1 int8_rows_avx2_m1
-#define dot_slice_vnni_Q5_0_M1 int8_rows_vnni_m1
+#define dot_slice_avx2_Q5_0_M1                                                                          \
+    for (int64_t n = n0; n < n1; n++)                                                                   \
+        unpack_rows(w, n, 1, s), int8_rows_avx2_m1(s->codes, K, s->scales, qx, dx, K, group, cg, s->y + n - n0, 1, NULL, xsum, K, PL);
+#define dot_slice_vnni_Q5_0_M1                                                                          \
+    q5_0_bias(qx, K, K, PL, s->bias);                                                                   \
+    for (int64_t n = n0; n < n1; n++)                                                                   \
+        s->y[n - n0] = q5_0_row_vnni_m1((const uint8_t *)w->weight + n * q5_0_row_bytes(K), qx, dx, s->bias, K, K, PL);
 #define Q5_0_DOT_ROW(ROW, MR)                                                                             \
     {                                                                                                   \
         float out[MAX_ROWS];                                                                            \

@@ -81,7 +81,14 @@ DEFINE_INT8_LINEAR(int8_dot_avx2, NO_ATTR, int8_row_avx2)
 DEFINE_INT8_LINEAR(int8_dot_vnni, VNNI, int8_row_vnni)
 
 /* Q5_0 blocks (lowbit_q5_rows.h): each thread unpacks its rows one at a time and runs the INT8 row
- * functions on them, as the INT8 entry points do on codes in place (batch 1: the one-row function). */
+ * functions on them, as the INT8 entry points do on codes in place (batch 1: the one-row function; on
+ * VNNI the rows straight from their blocks). */
+#define Q5_0_M1_avx2                                                                                    \
+    unpack_q5_0_rows(blocks + n * q5_0_row_bytes(K), 1, K, codes, scale);                               \
+    int8_rows_avx2_m1(codes, K, scale, qx, dx, K, 32, cg, y + n, 1, NULL, xsum, K, PL);
+#define Q5_0_M1_vnni y[n] = q5_0_row_vnni_m1(blocks + n * q5_0_row_bytes(K), qx, dx, bias, K, K, PL);
+#define Q5_0_BIAS_avx2
+#define Q5_0_BIAS_vnni q5_0_bias(qx, K, K, PL, bias);
 #define Q5_0_ROW(ROW, MR)                                                                               \
     {                                                                                                   \
         float out[8];                                                                                   \
@@ -96,16 +103,16 @@ DEFINE_INT8_LINEAR(int8_dot_vnni, VNNI, int8_row_vnni)
         _Pragma("omp parallel") {                                                                       \
             int8_t *codes = malloc(K);                                                                  \
             float *scale = malloc(sizeof(float) * (K / 32));                                            \
+            int32_t *bias = malloc(sizeof(int32_t) * 2 * (K / 4));                                      \
             int64_t n0, n1;                                                                             \
             thread_rows(N, 4, &n0, &n1);                                                                \
-            WITH_PLANES(planes, for (int64_t n = n0; n < n1; n++) {                                     \
+            WITH_PLANES(planes, if (M == 1) {                                                           \
+                Q5_0_BIAS_##ISA for (int64_t n = n0; n < n1; n++) { Q5_0_M1_##ISA }                     \
+            } else for (int64_t n = n0; n < n1; n++) {                                                  \
                 unpack_q5_0_rows(blocks + n * q5_0_row_bytes(K), 1, K, codes, scale);                   \
-                if (M == 1)                                                                             \
-                    int8_rows_##ISA##_m1(codes, K, scale, qx, dx, K, 32, cg, y + n, 1, NULL, xsum, K, PL); \
-                else                                                                                    \
-                    FOR_ROWS(M, Q5_0_ROW_##ISA)                                                         \
+                FOR_ROWS(M, Q5_0_ROW_##ISA)                                                             \
             });                                                                                         \
-            free(codes), free(scale);                                                                   \
+            free(codes), free(scale), free(bias);                                                       \
         }                                                                                               \
     }
 DEFINE_Q5_0_LINEAR(q5_0_dot_avx2, NO_ATTR, avx2)
