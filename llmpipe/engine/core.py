@@ -422,8 +422,11 @@ class EngineCore:
             return []
         bitmasks = self.structured.fill_bitmasks(seqs)  # the whole batch's at once
         sampling_rows = [self._sampling_row(seq, bitmask=bitmask) for seq, bitmask in zip(seqs, bitmasks)]
+        # Every row in order (each step that samples every sequence's last position): no copy of the
+        # logits (an indexed copy of Gemma 3's 262,144 took ~140 us a step).
+        picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
         try:
-            result = sample(logits[rows], sampling_rows)
+            result = sample(picked, sampling_rows)
             return [(i, ([token], [lp])) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))]
         except DeadEndError:
             pass  # the rows at fault fail below, alone
