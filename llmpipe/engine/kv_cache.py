@@ -12,6 +12,7 @@ import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import LLMPipeError
+from llmpipe.kernels import huge_pages
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
 from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
 
@@ -88,7 +89,9 @@ class PagedKVCache:
         layout = layout or kv_cache_layout(cfg)
         shape = (layout.slots_per_block, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         if kv_cache_dtype == "auto":
-            self.tensors: tuple[torch.Tensor, ...] = (torch.zeros(shape, dtype=dtype, device=device),)
+            cache = huge_pages.zeros(shape, dtype) if torch.device(device).type == "cpu" else \
+                torch.zeros(shape, dtype=dtype, device=device)
+            self.tensors: tuple[torch.Tensor, ...] = (cache,)
             self.layers = [self.tensors[0][slot] for slot in layout.layer_slots]  # what each attention layer receives
         else:
             codes, scale, minimum = QuantizedKV.storage(kv_cache_dtype, shape, device)

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.kernels import huge_pages
 from llmpipe.layers.rotary import RotaryEmbedding
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
@@ -36,6 +37,7 @@ def build_model(
         if plan:
             quantize_linears(model, module_plan(plan, model.target_of, config.tie_word_embeddings), dtype)
     model.to_empty(device=device)
+    huge_pages.place_weights(model)
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmpipe.kernels import huge_pages
 from llmpipe.layers.linear import linear
 from llmpipe.quant import kernels
 from llmpipe.quant.formats import Q5_0_BLOCK, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
@@ -161,7 +162,7 @@ class QuantizedLinear(nn.Module):
         """The weight as the batched kernels' panels (made once, then kept: about as many bytes again as
         the codes and scales)."""
         if self.panels is None:
-            self.panels = self.make_panels()
+            self.panels = huge_pages.moved(self.make_panels())
         return self.panels
 
     def make_panels(self) -> torch.Tensor:

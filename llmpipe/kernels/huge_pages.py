@@ -1,0 +1,59 @@
+"""Large CPU tensors on transparent huge pages: what a decode step streams (weights, the KV cache, the
+batched kernels' panels).
+
+Batch-1 decode reads every weight once a token. On 4 KiB pages Gemma 3's 190 MB LM head spans 46,000
+pages: a TLB miss each, and the hardware prefetchers stop at every page boundary. On 2 MiB pages the
+same stream runs near the machine's read bandwidth (Gemma 3 270M, Zen 4, 2 threads: the head 8.1 →
+6.9 ms; a decode step 16.7–18.4 → 12.8–14.2 ms).
+
+Linux backs anonymous memory with huge pages where THP is `always`, or — a common default — `madvise`,
+for ranges advised MADV_HUGEPAGE. PyTorch's CPU allocator advises only under THP_MEM_ALLOC_ENABLE=1,
+read once at its first allocation (too early for a library to set), so these tensors are allocated
+here: an anonymous mapping (zero-filled), advised, wrapped by torch.frombuffer (the tensor keeps the
+mapping alive). Where the advice does not exist or THP is `never`, the mapping is ordinary memory.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import torch
+from torch import nn
+
+MIN_BYTES = 2 << 20  # one huge page: smaller tensors stay with PyTorch's allocator
+
+
+def zeros(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor, on huge-page-advised memory when it spans at least one huge page."""
+    numel = math.prod(shape)
+    if numel * dtype.itemsize < MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype)
+    # private: a shared anonymous mapping is shmem, whose huge pages follow another switch (often off)
+    mapping = mmap.mmap(-1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advice is not None:
+        try:
+            mapping.madvise(advice)
+        except OSError:  # a kernel without THP: ordinary pages
+            pass
+    return torch.frombuffer(mapping, dtype=dtype, count=numel).view(shape)
+
+
+def moved(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` itself if small or not on the CPU, else a copy on huge-page-advised memory."""
+    if tensor.device.type != "cpu" or tensor.numel() * tensor.element_size() < MIN_BYTES:
+        return tensor
+    return zeros(tensor.shape, tensor.dtype).copy_(tensor)
+
+
+def place_weights(model: nn.Module) -> None:
+    """Give every large CPU parameter and buffer of a freshly allocated (`to_empty`) model huge-page
+    memory, before its weights are copied in; a tensor shared by several modules stays shared."""
+    replaced: dict[int, torch.Tensor] = {}
+    for param in model.parameters():
+        param.data = moved(param.data)
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = replaced.setdefault(id(buffer), moved(buffer))
