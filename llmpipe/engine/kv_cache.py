@@ -89,9 +89,7 @@ class PagedKVCache:
         layout = layout or kv_cache_layout(cfg)
         shape = (layout.slots_per_block, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         if kv_cache_dtype == "auto":
-            cache = huge_pages.zeros(shape, dtype) if torch.device(device).type == "cpu" else \
-                torch.zeros(shape, dtype=dtype, device=device)
-            self.tensors: tuple[torch.Tensor, ...] = (cache,)
+            self.tensors: tuple[torch.Tensor, ...] = (huge_pages.zeros(shape, dtype, device),)
             self.layers = [self.tensors[0][slot] for slot in layout.layer_slots]  # what each attention layer receives
         else:
             codes, scale, minimum = QuantizedKV.storage(kv_cache_dtype, shape, device)

@@ -24,11 +24,11 @@ from torch import nn
 MIN_BYTES = 2 << 20  # one huge page: smaller tensors stay with PyTorch's allocator
 
 
-def zeros(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A zeroed CPU tensor, on huge-page-advised memory when it spans at least one huge page."""
+def zeros(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, device: str | torch.device = "cpu") -> torch.Tensor:
+    """A zeroed tensor; on the CPU, on huge-page-advised memory when it spans at least one huge page."""
     numel = math.prod(shape)
-    if numel * dtype.itemsize < MIN_BYTES:
-        return torch.zeros(shape, dtype=dtype)
+    if torch.device(device).type != "cpu" or numel * dtype.itemsize < MIN_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
     # private: a shared anonymous mapping is shmem, whose huge pages follow another switch (often off)
     mapping = mmap.mmap(-1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)

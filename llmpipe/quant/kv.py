@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from llmpipe.kernels import huge_pages
+
 KV_INT4_GROUP = 32  # int4 KV: one scale and one minimum per this many head-dim elements
 SCALE_DTYPE = torch.float16
 
@@ -47,12 +49,12 @@ class QuantizedKV:
         """Zeroed (codes, scale, minimum) for a float cache of `shape` [..., head_dim]."""
         *lead, head_dim = shape
         if kind == "int8":
-            return (torch.zeros(*lead, head_dim, dtype=torch.int8, device=device),
-                    torch.zeros(*lead, 1, dtype=SCALE_DTYPE, device=device), None)
+            return (huge_pages.zeros((*lead, head_dim), torch.int8, device),
+                    huge_pages.zeros((*lead, 1), SCALE_DTYPE, device), None)
         groups = -(-head_dim // KV_INT4_GROUP)
-        return (torch.zeros(*lead, head_dim // 2, dtype=torch.uint8, device=device),
-                torch.zeros(*lead, groups, dtype=SCALE_DTYPE, device=device),
-                torch.zeros(*lead, groups, dtype=SCALE_DTYPE, device=device))
+        return (huge_pages.zeros((*lead, head_dim // 2), torch.uint8, device),
+                huge_pages.zeros((*lead, groups), SCALE_DTYPE, device),
+                huge_pages.zeros((*lead, groups), SCALE_DTYPE, device))
 
     @property
     def shape(self) -> torch.Size:

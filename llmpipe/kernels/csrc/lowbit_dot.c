@@ -118,24 +118,29 @@ DEFINE_INT8_LINEAR(int8_dot_vnni, VNNI, int8_row_vnni)
 DEFINE_Q5_0_LINEAR(q5_0_dot_avx2, NO_ATTR, avx2)
 DEFINE_Q5_0_LINEAR(q5_0_dot_vnni, VNNI, vnni)
 
+enum { DOT_INT8 = 0, DOT_INT4 = 1, DOT_Q5_0 = 2 };
+
 /* y[M <= 8, N] = x[M, K] @ W^T with x quantized here (quantize_rows) to `bits` 8 (one plane) or 16 (two
- * planes, 15-bit codes); `isa`: 0 AVX2, 1 VNNI where the CPU has it. The weights: codes [N, K / 2] (INT4,
- * with `offset`) or [N, K] (INT8, offset NULL), scale [N, G]. */
-static void linear_dot(int int4, const float *x, const void *codes, const float *scale, const float *offset,
+ * planes, 15-bit codes); `isa`: 0 AVX2, 1 VNNI where the CPU has it. The weights (`kind`): codes [N, K / 2]
+ * (INT4, with `offset`), codes [N, K] (INT8, offset NULL), scale [N, G]; or Q5_0 blocks [N, K / 32 * 22]
+ * (scale and offset NULL, group 32). */
+static void linear_dot(int kind, const float *x, const void *codes, const float *scale, const float *offset,
                        float *y, int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
     const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
     int8_t *qx = malloc(activation_bytes(M, K, planes));
     float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * num_groups(K, group));
     int32_t *cg = chunk_groups(K, group);
     quantize_rows(x, M, K, group, planes, qx, dx, xsum);
-    if (M == 1 && int4) {
+    if (kind == DOT_Q5_0)
+        (vnni ? q5_0_dot_vnni : q5_0_dot_avx2)(qx, dx, xsum, codes, y, M, N, K, cg, planes);
+    else if (M == 1 && kind == DOT_INT4) {
         int8_t *ordered = malloc(activation_bytes(M, K, planes));
         int4_m1_order(qx, K, planes, vnni, ordered);
         (vnni ? int4_dot_vnni_m1 : int4_dot_avx2_m1)(ordered, dx, xsum, codes, scale, offset, y, N, K, group, cg, planes);
         free(ordered);
     } else if (M == 1)
         (vnni ? int8_dot_vnni_m1 : int8_dot_avx2_m1)(qx, dx, xsum, codes, scale, NULL, y, N, K, group, cg, planes);
-    else if (int4)
+    else if (kind == DOT_INT4)
         (vnni ? int4_dot_vnni : int4_dot_avx2)(qx, dx, xsum, codes, scale, offset, y, M, N, K, group, cg, planes);
     else
         (vnni ? int8_dot_vnni : int8_dot_avx2)(qx, dx, xsum, codes, scale, NULL, y, M, N, K, group, cg, planes);
@@ -145,21 +150,15 @@ static void linear_dot(int int4, const float *x, const void *codes, const float 
 /* As int8_linear_dot, for a weight held as Q5_0 blocks [N, K / 32 * 22]. */
 void q5_0_linear_dot(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,
                      int64_t isa) {
-    const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
-    int8_t *qx = malloc(activation_bytes(M, K, planes));
-    float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * (K / BLOCK));
-    int32_t *cg = chunk_groups(K, BLOCK);
-    quantize_rows(x, M, K, BLOCK, planes, qx, dx, xsum);
-    (vnni ? q5_0_dot_vnni : q5_0_dot_avx2)(qx, dx, xsum, blocks, y, M, N, K, cg, planes);
-    free(qx), free(dx), free(xsum), free(cg);
+    linear_dot(DOT_Q5_0, x, blocks, NULL, NULL, y, M, N, K, BLOCK, bits, isa);
 }
 
 void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
                      int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
-    linear_dot(1, x, codes, scale, offset, y, M, N, K, group, bits, isa);
+    linear_dot(DOT_INT4, x, codes, scale, offset, y, M, N, K, group, bits, isa);
 }
 
 void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y,
                      int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa) {
-    linear_dot(0, x, codes, scale, NULL, y, M, N, K, group, bits, isa);
+    linear_dot(DOT_INT8, x, codes, scale, NULL, y, M, N, K, group, bits, isa);
 }

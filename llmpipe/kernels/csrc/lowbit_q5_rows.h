@@ -17,6 +17,13 @@
 
 static inline int64_t q5_0_row_bytes(int64_t K) { return K / 32 * Q5_0_BLOCK_BYTES; }
 
+/* A block's scale d (its first two bytes, float16). */
+static inline float q5_0_scale(const uint8_t *b) {
+    uint16_t d;
+    memcpy(&d, b, 2);
+    return _cvtsh_ss(d);
+}
+
 /* 32 bytes, byte j 0xFF where bit j of `bits` is set, else 0. */
 static inline __m256i bits_to_bytes(uint32_t bits) {
     const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
@@ -32,10 +39,9 @@ static inline void unpack_q5_0_rows(const uint8_t *blocks, int64_t rows, int64_t
     for (int64_t i = 0; i < rows * (K / 32); i++) {
         const uint8_t *b = blocks + i * Q5_0_BLOCK_BYTES;
         _mm_prefetch((const char *)(b + Q5_0_PREFETCH_BYTES), _MM_HINT_T0);
-        uint16_t d;
         uint32_t fifth;
-        memcpy(&d, b, 2), memcpy(&fifth, b + 2, 4);
-        scales[i] = _cvtsh_ss(d);
+        memcpy(&fifth, b + 2, 4);
+        scales[i] = q5_0_scale(b);
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + 6));
         const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low);
         /* q - 16 in two's complement: the nibble where the fifth bit is set, the nibble | 0xF0 where not */
@@ -58,12 +64,6 @@ VNNI static inline __m256i q5_0_codes(const uint8_t *b) {
     const __m128i q = _mm_loadu_si128((const __m128i *)(b + 6));
     const __m256i nibbles = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
     return _mm256_mask_add_epi8(nibbles, (__mmask32)fifth, nibbles, _mm256_set1_epi8(16));
-}
-
-static inline float q5_0_scale(const uint8_t *b) {
-    uint16_t d;
-    memcpy(&d, b, 2);
-    return _cvtsh_ss(d);
 }
 
 /* bias[p * K / 4 + i] = -16 x (the sum of activation bytes 4i .. 4i + 3 of plane p), for PL planes
