@@ -101,5 +101,5 @@ def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: tor
 @torch.library.register_fake("llmpipe::decode_step")
 def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
                 cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                sizes: list[int], eps: float, scale: float) -> None:
+                sizes: list[int], eps: float, scale: float, final_norm: torch.Tensor | None = None) -> None:
     return None  # writes x and the cache in place

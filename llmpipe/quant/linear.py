@@ -201,8 +201,9 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def _dequantizes_in_c(self) -> bool:
-        """Whether the whole weight dequantizes in one C pass (kernels.int4_dequantize / int8_dequantize:
-        PyTorch's values, without its passes over a float copy per operation): CPU buffers, the library built."""
+        """Whether the weight (or an embedding lookup's rows) dequantizes in one C pass (kernels.int4_dequantize
+        / int8_dequantize: PyTorch's values, without its passes over a float copy per operation): CPU
+        buffers, the library built."""
         return self.scale.device.type == "cpu" and kernels.available()
 
 
@@ -241,9 +242,9 @@ class Int8Linear(QuantizedLinear):
         return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is None and self._dequantizes_in_c():
-            return kernels.int8_dequantize(self.q, self.scale, self.group_size)
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
+        if self._dequantizes_in_c():
+            return kernels.int8_dequantize(q, scale, self.group_size)
         return _apply_groups(q.float(), self.group_size, scale)
 
 
@@ -290,11 +291,11 @@ class Int4Linear(QuantizedLinear):
         return kernels.int4_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is None and self._dequantizes_in_c():
-            return kernels.int4_dequantize(self.codes, self.scale, self.offset, self.group_size)
         codes, scale, offset = (self.codes, self.scale, self.offset) if rows is None else (
             self.codes[rows], self.scale[rows], self.offset[rows]
         )
+        if self._dequantizes_in_c():
+            return kernels.int4_dequantize(codes, scale, offset, self.group_size)
         chunks = codes.view(codes.shape[0], -1, CHUNK // 2)
         q = torch.stack([chunks & 15, chunks >> 4], dim=2).flatten(1).float()
         return _apply_groups(q, self.group_size, scale, offset)
@@ -331,11 +332,12 @@ class Q5_0Linear(QuantizedLinear):
         self.blocks.copy_(torch.cat([s.blocks for s in shards]))
         self.panels = None
 
-    def int8_form(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(codes q - 16 int8 [out, in], scales float32 [out, in / 32]): Int8Linear's q and scale."""
-        if self.blocks.device.type == "cpu" and kernels.available():
-            return kernels.q5_0_unpack(self.blocks)
-        weight = Q5_0Weight(self.blocks).to_int8()
+    def int8_form(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes q - 16 int8 [out (or rows), in], scales float32 [out (or rows), in / 32]): Int8Linear's q and scale."""
+        blocks = self.blocks if rows is None else self.blocks[rows]
+        if self._dequantizes_in_c():
+            return kernels.q5_0_unpack(blocks)
+        weight = Q5_0Weight(blocks).to_int8()
         return weight.q, weight.scale
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -350,10 +352,7 @@ class Q5_0Linear(QuantizedLinear):
         return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if rows is not None:
-            weight = Q5_0Weight(self.blocks[rows]).to_int8()
-            return _apply_groups(weight.q.float(), self.group_size, weight.scale)
-        q, scale = self.int8_form()
+        q, scale = self.int8_form(rows)
         if self._dequantizes_in_c():
             return kernels.int8_dequantize(q, scale, self.group_size)
         return _apply_groups(q.float(), self.group_size, scale)

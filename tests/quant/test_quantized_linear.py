@@ -123,23 +123,31 @@ def test_layers_fall_back_to_dequantize_without_the_kernels(monkeypatch):
     assert_matches_reference(layer, weight)
 
 
-@pytest.mark.parametrize("shape, group", [((96, 64), 32), ((51, 576), 128), ((40, 160), 64)], ids=str)
-def test_int4_weights_dequantize_in_c_to_pytorchs_bits(shape, group):
-    """The C pass (whole weights, for the float GEMM of long prefill chunks) against the PyTorch
-    dequantization (which rows of a lookup still take): equal bit for bit, narrow last groups included."""
+def assert_c_dequantizes_to_pytorchs_bits(layer, monkeypatch) -> None:
+    """The C pass — whole weights (the float GEMM of long prefill chunks) and an embedding lookup's rows
+    — against the PyTorch dequantization: equal bit for bit, narrow last groups included."""
     if not kernels.available():
         pytest.skip("no C compiler / AVX2: PyTorch dequantizes")
+    assert layer._dequantizes_in_c()
+    rows = torch.tensor([0, layer.out_features - 1, 3, 0])
+    in_c = layer.kernel_weight(), layer.kernel_weight(rows)
+    monkeypatch.setattr(layer, "_dequantizes_in_c", lambda: False)
+    reference = layer.kernel_weight()
+    assert torch.equal(in_c[0], reference)
+    assert torch.equal(in_c[1], reference[rows])
+    assert torch.equal(layer.kernel_weight(rows), reference[rows])
+
+
+@pytest.mark.parametrize("shape, group", [((96, 64), 32), ((51, 576), 128), ((40, 160), 64)], ids=str)
+def test_int4_weights_dequantize_in_c_to_pytorchs_bits(shape, group, monkeypatch):
     layer, _ = int4_layer(*shape, group)
     layer.offset.copy_(torch.randn(layer.offset.shape))
-    assert layer._dequantizes_in_c()
-    assert torch.equal(layer.kernel_weight(), layer.kernel_weight(torch.arange(shape[0])))
+    assert_c_dequantizes_to_pytorchs_bits(layer, monkeypatch)
 
 
 @pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
-def test_int8_weights_dequantize_in_c_to_pytorchs_bits(group):
-    if not kernels.available():
-        pytest.skip("no C compiler / AVX2: PyTorch dequantizes")
+def test_int8_weights_dequantize_in_c_to_pytorchs_bits(group, monkeypatch):
     layer = Int8Linear(96, 37, False, group)
     layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))
     layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
-    assert torch.equal(layer.kernel_weight(), layer.kernel_weight(torch.arange(37)))
+    assert_c_dequantizes_to_pytorchs_bits(layer, monkeypatch)

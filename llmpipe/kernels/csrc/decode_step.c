@@ -23,7 +23,7 @@
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
  * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
  * (Gemma's 1 + weight, precomputed).
- * x [B, hidden] is the residual stream, updated in place. cos / sin [R, B, D]: R RoPE tables (Gemma 3:
+ * x [B, hidden] is the residual stream, updated in place (and, given final_norm, normed by it at the end). cos / sin [R, B, D]: R RoPE tables (Gemma 3:
  * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D]:
  * float32, or (a layer with kv_scales) int8 codes with float16 scales [2, num_blocks, block_size, KVH]
  * (quant/kv.py's int8 cache: the new K and V quantized as it quantizes them, read as codes: attention_rows.h);
@@ -395,7 +395,7 @@ static void add_output(const LinearDesc *w, const float *norm, const float *in, 
 void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H,
                  int64_t KVH, int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
-                 int64_t num_blocks, int64_t block_size) {
+                 int64_t num_blocks, int64_t block_size, const float *final_norm) {
     const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2;
     const int64_t token_stride = KVH * D, block_stride = block_size * token_stride;
     int64_t widest = hidden > I ? hidden : I;
@@ -429,6 +429,10 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
 #pragma omp barrier
             add_output(&layer->down, layer->mlp_out_norm, act, B, x, hidden, out, eps, &s);
 #pragma omp barrier
+        }
+        if (final_norm) { /* the body's last norm, where the step takes it: x leaves as the LM head reads it */
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < B; m++) rms_norm_rows(x + m * hidden, final_norm, x + m * hidden, 1, hidden, eps);
         }
         scratch_free(&s);
     }

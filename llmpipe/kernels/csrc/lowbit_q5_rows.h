@@ -38,7 +38,7 @@ static inline void unpack_q5_0_rows(const uint8_t *blocks, int64_t rows, int64_t
     const __m256i low = _mm256_set1_epi8(0x0F), minus16 = _mm256_set1_epi8((char)0xF0);
     for (int64_t i = 0; i < rows * (K / 32); i++) {
         const uint8_t *b = blocks + i * Q5_0_BLOCK_BYTES;
-        _mm_prefetch((const char *)(b + Q5_0_PREFETCH_BYTES), _MM_HINT_T0);
+        STREAM_PREFETCH(b + Q5_0_PREFETCH_BYTES);
         uint32_t fifth;
         memcpy(&fifth, b + 2, 4);
         scales[i] = q5_0_scale(b);
@@ -87,7 +87,7 @@ VNNI static inline float q5_0_row_vnni_m1(const uint8_t *row, const int8_t *qx, 
     int64_t c = 0;
     for (; c + 1 < B; c += 2) {
         const uint8_t *b = row + c * Q5_0_BLOCK_BYTES;
-        _mm_prefetch((const char *)(b + Q5_0_PREFETCH_BYTES), _MM_HINT_T0);
+        STREAM_PREFETCH(b + Q5_0_PREFETCH_BYTES);
         const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(q5_0_codes(b)), q5_0_codes(b + Q5_0_BLOCK_BYTES), 1);
         __m512i d = _mm512_dpbusd_epi32(_mm512_loadu_si512(bias + c * 8), w, _mm512_loadu_si512(qx + c * BLOCK));
         if (PL == 2)

@@ -55,7 +55,7 @@ void rope_write_decode_attention(float *qkv, const float *cos, const float *sin,
 void decode_step(float *x, const void *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H, int64_t KVH,
                  int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
-                 int64_t num_blocks, int64_t block_size);
+                 int64_t num_blocks, int64_t block_size, const float *final_norm);
 }
 }  // namespace kernels
 
@@ -377,11 +377,12 @@ at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor
 // is written through the cache addresses in `descriptors` [layers, LAYER_WORDS] (passed so that the
 // schema says so). cos, sin [R, B, head dim]; slots [S, B],
 // tables [S, B, W], lens [S, B]: each layer names its RoPE table and its block-table set. sizes: hidden,
-// heads, KV heads, head dim, blocks, block size.
+// heads, KV heads, head dim, blocks, block size. final_norm [hidden] (optional): x leaves normed by it.
 void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::optional<at::Tensor> &kv_scales,
                  const at::Tensor &descriptors,
                  const at::Tensor &cos, const at::Tensor &sin, const at::Tensor &slots, const at::Tensor &tables,
-                 const at::Tensor &lens, at::IntArrayRef sizes, double eps, double scale) {
+                 const at::Tensor &lens, at::IntArrayRef sizes, double eps, double scale,
+                 const std::optional<at::Tensor> &final_norm) {
     const char *op = "decode_step";
     TORCH_CHECK(sizes.size() == 6, op, ": sizes must be [hidden, heads, KV heads, head dim, blocks, block size], got ",
                 sizes);
@@ -414,6 +415,10 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::opti
     TORCH_CHECK(slots.size(1) == batch && tables.size(0) == sets && tables.size(1) == batch && lens.size(0) == sets &&
                 lens.size(1) == batch, op, ": slots [S, B], block_tables [S, B, W] and lens [S, B] must agree, got ",
                 slots.sizes(), ", ", tables.sizes(), ", ", lens.sizes(), " for B = ", batch);
+    if (final_norm) {
+        check(op, "final_norm", *final_norm, at::kFloat, 1);
+        check_size(op, "final_norm", *final_norm, 0, hidden);
+    }
     const int64_t *words = descriptors.const_data_ptr<int64_t>();
     for (int64_t l = 0; l < descriptors.size(0); l++) {
         const int64_t rope = words[l * LAYER_WORDS + LAYER_ROPE_WORD], set = words[l * LAYER_WORDS + LAYER_TABLE_WORD];
@@ -425,7 +430,8 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::opti
     kernels::decode_step(x.mutable_data_ptr<float>(), words, descriptors.size(0), batch, hidden, heads, kv_heads,
                          head_dim, static_cast<float>(eps), static_cast<float>(scale), cos.const_data_ptr<float>(),
                          sin.const_data_ptr<float>(), slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(),
-                         tables.size(2), lens.const_data_ptr<int64_t>(), sizes[4], sizes[5]);
+                         tables.size(2), lens.const_data_ptr<int64_t>(), sizes[4], sizes[5],
+                         final_norm ? final_norm->const_data_ptr<float>() : nullptr);
 }
 
 }  // namespace
@@ -451,7 +457,8 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
           "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor");
     m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor(c!)? kv_scales, Tensor descriptors, Tensor cos, "
-          "Tensor sin, Tensor slots, Tensor tables, Tensor lens, int[] sizes, float eps, float scale) -> ()");
+          "Tensor sin, Tensor slots, Tensor tables, Tensor lens, int[] sizes, float eps, float scale, "
+          "Tensor? final_norm=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {

@@ -73,7 +73,7 @@ class Gemma3Model(FusedDecodeBody, nn.Module):
         ropes = (self.rotary.tables(positions, x.dtype), self.rotary_local.tables(positions, x.dtype))
         fused = self.fused_layers(x, list(ropes), kv_caches, metas)
         if fused is not None:
-            return self.norm(fused)
+            return fused
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, ropes[layer.is_local], kv_cache, meta)
         return self.norm(x)

@@ -4,8 +4,10 @@
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or kernel op call each, with Python between them, the calls cost more
 than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The kernel runs every
-layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region; the embedding, the final
-norm and the LM head stay in PyTorch (one call each).
+layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region, and the body's final norm;
+the embedding and the LM head stay in PyTorch (one call each). (Each op between the kernels costs several
+times its warm cost here: a step streams every weight through the caches, so the Python and PyTorch
+code after it runs cold — torch.rms_norm on one 576-wide row took ~200 us after the LM head, ~17 warm.)
 
 A decoder layer says which of its norms sit where (`decode_step_norms`: Llama's two, Gemma's four) and
 which RoPE table it takes (`decode_step_rope`);
@@ -109,8 +111,9 @@ class LlamaDecodeStep:
     act-order weights, no compiler); `batch_fits` and `takes` say per step whether the batch and cache do."""
 
     def __init__(self, cfg: ModelConfig, scale: float, layer_slots: list[list[int]], tensors: list[torch.Tensor],
-                 float_copies: bool = False):
+                 float_copies: bool = False, final_norm: torch.Tensor | None = None):
         self.tensors = tensors  # every tensor whose address layer_slots holds, kept alive with them
+        self.final_norm = final_norm  # the body's last norm's multiplier (None: the body norms the output itself)
         linears = [slots[2 + LINEAR_SLOTS * i:2 + LINEAR_SLOTS * (i + 1)] for slots in layer_slots for i in range(4)]
         has_float, all_dot = any(w[0] == F32 for w in linears), all(w[1] for w in linears)  # kind, bits
         self.max_batch = MAX_ROWS if has_float else PANEL_MAX_BATCH if all_dot else MAX_BATCH
@@ -126,8 +129,9 @@ class LlamaDecodeStep:
         self._scale_pool: torch.Tensor | None = None  # int8 caches: the tensor their scales are views of
 
     @classmethod
-    def build(cls, layers: nn.ModuleList, cfg: ModelConfig) -> LlamaDecodeStep | None:
-        """layers: decoder layers with `decode_step_norms` (the weights are read now: build after loading them)."""
+    def build(cls, layers: nn.ModuleList, cfg: ModelConfig, final_norm: nn.Module | None = None) -> LlamaDecodeStep | None:
+        """layers: decoder layers with `decode_step_norms` (the weights are read now: build after loading
+        them); final_norm: the body's norm after them, run in the step where the kernel runs its kind."""
         if cfg.hidden_act not in ACTS or cfg.hidden_size % 8 or cfg.head_dim % 8:
             return None
         built = [layer_slots(layer, cfg) for layer in layers]
@@ -137,7 +141,8 @@ class LlamaDecodeStep:
         tensors = [t for layer in layers for t in list(layer.parameters()) + list(layer.buffers())]
         tensors += [t for _, extra in built for t in extra]
         float_copies = any(getattr(m, "float_weight", None) is not None for m in layers.modules())
-        return cls(cfg, scales.pop(), [words for words, _ in built], tensors, float_copies)
+        final = norm_multiplier(final_norm, cfg.rms_norm_eps) if final_norm is not None else None
+        return cls(cfg, scales.pop(), [words for words, _ in built], tensors, float_copies, final)
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:
@@ -178,8 +183,9 @@ class LlamaDecodeStep:
 
     def __call__(self, x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]], kv_caches: list,
                  metas: list[AttentionMetadata]) -> torch.Tensor:
-        """The residual stream after the last layer (x [B, hidden] is updated in place and returned).
-        ropes: the (cos, sin) tables layers name (Gemma 3: global, local); metas: each layer's."""
+        """The residual stream after the last layer, normed by `final_norm` where the step has it (a
+        copy of x, updated in place and returned). ropes: the (cos, sin) tables layers name (Gemma 3:
+        global, local); metas: each layer's."""
         x = x.clone()  # updated in place: never the caller's tensor (an embedding lookup may be a view)
         rows, head_dim = x.shape[0], self.shape[3]
         by_id = {id(m): m for m in metas}  # the step's cache groups, in order of first use
@@ -199,7 +205,7 @@ class LlamaDecodeStep:
         descriptors = self._descriptors_for(kv_caches)
         self._set_tables(descriptors, table_sets)
         decode_step_op(x, self._pool, self._scale_pool, descriptors, cos, sin, slots, tables, lens,
-                       [*self.shape, num_blocks, block_size], self.eps, self.scale)
+                       [*self.shape, num_blocks, block_size], self.eps, self.scale, self.final_norm)
         return x
 
 
@@ -214,16 +220,17 @@ def _cache_views(cache, head_shape: tuple[int, int]) -> tuple[torch.Tensor, torc
 
 def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                   sizes: list[int], eps: float, scale: float) -> None:
-    """Every layer of a decode batch: x [B, hidden] (the residual stream) and the KV pool (every layer's
-    cache, through the addresses in `descriptors`; int8 caches: their codes, and kv_scales their scales)
-    are written in place. cos / sin [R, B, head dim]; slots [S, B], tables [S, B, W], lens [S, B].
-    sizes: hidden, heads, KV heads, head dim, blocks, block size."""
-    _library().decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale)
+                   sizes: list[int], eps: float, scale: float, final_norm: torch.Tensor | None = None) -> None:
+    """Every layer of a decode batch: x [B, hidden] (the residual stream; normed by final_norm at the
+    end where given) and the KV pool (every layer's cache, through the addresses in `descriptors`; int8
+    caches: their codes, and kv_scales their scales) are written in place. cos / sin [R, B, head dim];
+    slots [S, B], tables [S, B, W], lens [S, B]. sizes: hidden, heads, KV heads, head dim, blocks, block size."""
+    _library().decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale,
+                           final_norm)
 
 
 class FusedDecodeBody:
-    """A model body (nn.Module with `layers`, `config`) whose decode-only batches may take the fused step.
+    """A model body (nn.Module with `layers`, `norm`, `config`) whose decode-only batches may take the fused step.
     A subclass whose layers the kernel does not compute (Phi-3's partial rotary) sets fuses_decode False."""
 
     fuses_decode = True
@@ -232,18 +239,20 @@ class FusedDecodeBody:
 
     def fused_layers(self, x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]], kv_caches: list,
                      metas: list[AttentionMetadata]) -> torch.Tensor | None:
-        """The residual stream after every layer, in one call; None where the step does not apply."""
+        """The body's output (every layer, then its final norm `self.norm`) in one call; None where the
+        step does not apply."""
         if not LlamaDecodeStep.batch_fits(x, ropes[0][0], metas):
             return None
         step = self.decode_step()
         if step is None or not step.takes(x.shape[0], kv_caches):
             return None
-        return step(x, ropes, kv_caches, metas)
+        out = step(x, ropes, kv_caches, metas)
+        return out if step.final_norm is not None else self.norm(out)
 
     def decode_step(self) -> LlamaDecodeStep | None:
         """The whole-stack decode kernel for this body, where it applies (built at the first decode step)."""
         if not (self.fused_decode and self.fuses_decode):
             return None
         if self._decode_step is False:
-            self._decode_step = LlamaDecodeStep.build(self.layers, self.config)
+            self._decode_step = LlamaDecodeStep.build(self.layers, self.config, self.norm)
         return self._decode_step

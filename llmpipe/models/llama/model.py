@@ -117,7 +117,7 @@ class LlamaModel(FusedDecodeBody, nn.Module):
         rope = self.rotary.tables(positions, x.dtype)
         fused = self.fused_layers(x, [rope], kv_caches, metas)
         if fused is not None:
-            return self.norm(fused)
+            return fused
         for layer, kv_cache, meta in zip(self.layers, kv_caches, metas):
             x = layer(x, rope, kv_cache, meta)
         return self.norm(x)
