@@ -326,10 +326,24 @@ static void linear_into(const LinearDesc *w, const float *x, int64_t B, float *d
         }
 }
 
-/* GELU with the tanh approximation, as PyTorch writes it (0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))). */
-static inline float gelu_tanh(float x) {
-    const float beta = 0.7978845608028654f, kappa = 0.044715f;
-    return 0.5f * x * (1.0f + tanhf(beta * (x + kappa * x * x * x)));
+/* 1 / (1 + e^-z), 8 lanes, through e^-|z| (no overflow): 1 / (1 + t) for z >= 0, t / (1 + t) below. */
+static inline __m256 sigmoid8(__m256 z) {
+    const __m256 t = exp_nonpositive(_mm256_or_ps(z, _mm256_set1_ps(-0.0f))); /* e^-|z|: the sign bit set */
+    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), t));
+    return _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), z); /* z's sign bit picks t / (1 + t) */
+}
+
+/* f(g) · u for 8 lanes: SiLU g · sigmoid(g), or GELU with the tanh approximation, 0.5 g (1 + tanh(w))
+ * with w = √(2/π) (g + 0.044715 g³), as g · sigmoid(2w) (the same function: 1 + tanh(w) = 2 sigmoid(2w)).
+ * Vectorized, where libm's tanhf / expf a lane at a time took ~20 us for Gemma 3's 1,024 a thread per
+ * layer (0.36 ms a token); within a few float32 ulps of PyTorch's (Sleef's) functions. */
+static inline __m256 act_times(int64_t kind, __m256 g, __m256 u) {
+    __m256 z = g;
+    if (kind == GELU_TANH) {
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+        z = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, g));
+    }
+    return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(z)), u);
 }
 
 /* act[m, n] = f(gate[m, n]) * up[m, n] (f: SiLU or GELU-tanh), gate and up the two halves of gate_up's
@@ -344,11 +358,19 @@ static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64
     float *gate = s->y;
     s->y = s->y2, s->y2 = gate; /* the up slice goes to the other buffer */
     linear_slice(w, x, B, I + n0, I + n1, s);
-    for (int64_t m = 0; m < B; m++)
-        for (int64_t n = 0; n < width; n++) {
-            const float g = gate[m * width + n], u = s->y[m * width + n];
-            act[m * I + n0 + n] = (kind == GELU_TANH ? gelu_tanh(g) : g / (1.0f + expf(-g))) * u;
+    for (int64_t m = 0; m < B; m++) {
+        const float *g = gate + m * width, *u = s->y + m * width;
+        float *out = act + m * I + n0;
+        int64_t n = 0;
+        for (; n + 8 <= width; n += 8)
+            _mm256_storeu_ps(out + n, act_times(kind, _mm256_loadu_ps(g + n), _mm256_loadu_ps(u + n)));
+        if (n < width) { /* the last few through a zero-padded lane set */
+            float gl[8] = {0}, ul[8] = {0}, ol[8];
+            memcpy(gl, g + n, sizeof(float) * (width - n)), memcpy(ul, u + n, sizeof(float) * (width - n));
+            _mm256_storeu_ps(ol, act_times(kind, _mm256_loadu_ps(gl), _mm256_loadu_ps(ul)));
+            memcpy(out + n, ol, sizeof(float) * (width - n));
         }
+    }
 }
 
 /* One KV head's new K (or V) into the cache at element `at` (its scale at `at / D`). */
