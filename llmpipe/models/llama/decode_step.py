@@ -7,7 +7,7 @@ than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The 
 layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region, and the body's final norm;
 the embedding and the LM head stay in PyTorch (one call each). (Each op between the kernels costs several
 times its warm cost here: a step streams every weight through the caches, so the Python and PyTorch
-code after it runs cold — torch.rms_norm on one 576-wide row took ~200 us after the LM head, ~17 warm.)
+code after it runs cold — torch.rms_norm on one 640-wide row took ~200 us after the LM head, ~17 warm.)
 
 A decoder layer says which of its norms sit where (`decode_step_norms`: Llama's two, Gemma's four) and
 which RoPE table it takes (`decode_step_rope`);
