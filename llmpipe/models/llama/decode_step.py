@@ -146,14 +146,15 @@ class LlamaDecodeStep:
 
     @staticmethod
     def batch_fits(x: torch.Tensor, cos: torch.Tensor, metas: list[AttentionMetadata]) -> bool:
-        """A decode-only batch of float32 rows on CPU in every layer's metadata."""
+        """A decode-only batch of float32 rows on CPU in every layer's metadata (each cache group's
+        metadata checked once: its layers share it)."""
         rows = x.shape[0]
         return (
             x.dtype == torch.float32 and x.device.type == "cpu" and rows >= 1
             and cos.dtype == torch.float32 and cos.is_contiguous()
             and all(not m.prefills and m.num_decodes == rows and m.slot_mapping.dtype == torch.int64
                     and m.decode_block_tables.dtype == torch.int64 and m.decode_block_tables.is_contiguous()
-                    and m.decode_context_lens.dtype == torch.int64 for m in metas)
+                    and m.decode_context_lens.dtype == torch.int64 for m in {id(m): m for m in metas}.values())
         )
 
     def takes(self, rows: int, kv_caches: list) -> bool:
