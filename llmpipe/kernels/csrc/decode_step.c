@@ -435,14 +435,15 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             const int64_t cache_half = num_blocks * block_stride; /* V's elements after K's (scales: / D) */
             const int64_t *layer_slots = slots + layer->table * B, *layer_lens = lens + layer->table * B;
             const int64_t *layer_tables = tables + layer->table * B * table_width, window = layer->window;
+            const DecodeAttention a = {{layer->kv_cache, layer->kv_scales, H, KVH, D, num_blocks, block_size, scale},
+                                       qkv, width, B, table_width, window, layer_tables, layer_lens, attn, part_out,
+                                       part_stats};
+            prefetch_attention(&a); /* the keys and values arrive while qkv's weights stream */
             rms_norm_rows(x, layer->input_norm, s.xn, B, hidden, eps); /* every thread its own copy: no barrier */
             linear_into(&layer->qkv, s.xn, B, qkv, width, 0, &s);
 #pragma omp barrier
             rope_heads(layer, qkv, B, H, KVH, D, width, cos + layer->rope * B * D, sin + layer->rope * B * D,
                        layer_slots, cache_half, token_stride, eps, &s);
-            const DecodeAttention a = {{layer->kv_cache, layer->kv_scales, H, KVH, D, num_blocks, block_size, scale},
-                                       qkv, width, B, table_width, window, layer_tables, layer_lens, attn, part_out,
-                                       part_stats};
             decode_attention(&a);
             add_output(&layer->o, layer->attn_out_norm, attn, B, x, hidden, out, eps, &s);
 #pragma omp barrier
