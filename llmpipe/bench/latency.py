@@ -139,6 +139,8 @@ VARIANTS = {
     "gguf int16-act": Variant("gguf int16-act", dtype="auto", quantization="auto", activation_quantization="int16"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
     "gguf kv-int8": Variant("gguf kv-int8", dtype="auto", quantization="auto", kv_cache_dtype="int8"),
+    "gguf int16-act kv-int8": Variant("gguf int16-act kv-int8", dtype="auto", quantization="auto",
+                                      activation_quantization="int16", kv_cache_dtype="int8"),
     "kv-int4": Variant("kv-int4", kv_cache_dtype="int4"),
     "float32 no-kv-cache": Variant("float32 no-kv-cache", kv_cache=False),
 }
