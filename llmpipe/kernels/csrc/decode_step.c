@@ -23,10 +23,11 @@
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
  * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
  * (Gemma's 1 + weight, precomputed).
- * x [B, hidden] is the residual stream, updated in place (and, given final_norm, normed by it at the end). cos / sin [R, B, D]: R RoPE tables (Gemma 3:
- * global, local), each layer naming its own; the cache of each layer [2, num_blocks, block_size, KVH, D]:
- * float32, or (a layer with kv_scales) int8 codes with float16 scales [2, num_blocks, block_size, KVH]
- * (quant/kv.py's int8 cache: the new K and V quantized as it quantizes them, read as codes: attention_rows.h);
+ * x [B, hidden] is the residual stream, updated in place (and, given final_norm, normed by it at the end).
+ * cos / sin [R, B, D]: R RoPE tables (Gemma 3: global, local), each layer naming its own; the cache of
+ * each layer [2, num_blocks, block_size, KVH, D]: float32, or (a layer with kv_scales) int8 codes with
+ * float16 scales [2, num_blocks, block_size, KVH] (quant/kv.py's int8 cache: the new K and V quantized
+ * as it quantizes them, read as codes: attention_rows.h);
  * slots [S, B], tables [S, B, W], lens [S, B]: paged_attention.c's, for S caches of their own block
  * tables (Gemma 3's window groups), each layer naming its own.
  */
