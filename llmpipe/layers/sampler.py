@@ -149,9 +149,9 @@ def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> t
     return logits
 
 
-def distribution(adjusted: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def distribution(adjusted: torch.Tensor, rows: Sequence[SamplingRow], argmax: torch.Tensor | None = None) -> torch.Tensor:
     """The probabilities each row's token is drawn from: temperature, then top-k / top-p / min-p.
-    A greedy row is a point mass on its argmax."""
+    A greedy row is a point mass on its argmax (`argmax`: argmax_rows(adjusted), where the caller has it)."""
     temperature = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=adjusted.device)
     scaled = adjusted / temperature[:, None]
     if any(r.params.uses_filters for r in rows):  # a sort over the vocabulary: only when asked for
@@ -159,7 +159,8 @@ def distribution(adjusted: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.T
     probs = scaled.softmax(dim=-1)
     if any(r.params.greedy for r in rows):
         greedy = torch.tensor([r.params.greedy for r in rows], device=adjusted.device)
-        one_hot = torch.zeros_like(probs).scatter_(-1, argmax_rows(adjusted)[:, None], 1.0)
+        argmax = argmax_rows(adjusted) if argmax is None else argmax
+        one_hot = torch.zeros_like(probs).scatter_(-1, argmax[:, None], 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
     return probs
 
@@ -175,9 +176,10 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     """logits: [rows, vocab] from the LM head. Returns one token per row."""
     adjusted = adjusted_logits(logits, rows)
-    greedy = argmax_rows(adjusted).tolist() if any(r.params.greedy for r in rows) else []
+    argmax = argmax_rows(adjusted) if any(r.params.greedy for r in rows) else None
+    greedy = argmax.tolist() if argmax is not None else []
     if all(r.params.greedy for r in rows):
         return SampleResult(greedy, topn_logprobs(logits, greedy, rows))
-    probs = distribution(adjusted, rows)
+    probs = distribution(adjusted, rows, argmax)
     chosen = [greedy[i] if row.params.greedy else draw(probs[i], row.generator) for i, row in enumerate(rows)]
     return SampleResult(chosen, topn_logprobs(logits, chosen, rows))

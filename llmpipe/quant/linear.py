@@ -83,6 +83,11 @@ def _apply_groups(q: torch.Tensor, group_size: int, scale: torch.Tensor, offset:
     return w.flatten(1)[:, :width]
 
 
+def _int8_float(q: torch.Tensor, scale: torch.Tensor, group_size: int, in_c: bool) -> torch.Tensor:
+    """INT8 codes times their group scales as float: one C pass, or PyTorch's ops (the same values)."""
+    return kernels.int8_dequantize(q, scale, group_size) if in_c else _apply_groups(q.float(), group_size, scale)
+
+
 class QuantizedLinear(nn.Module):
     """Common part: shapes, bias, shard staging, the kernel-or-GEMM choice."""
 
@@ -243,9 +248,7 @@ class Int8Linear(QuantizedLinear):
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
-        if self._dequantizes_in_c():
-            return kernels.int8_dequantize(q, scale, self.group_size)
-        return _apply_groups(q.float(), self.group_size, scale)
+        return _int8_float(q, scale, self.group_size, self._dequantizes_in_c())
 
 
 class Int4Linear(QuantizedLinear):
@@ -352,10 +355,7 @@ class Q5_0Linear(QuantizedLinear):
         return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        q, scale = self.int8_form(rows)
-        if self._dequantizes_in_c():
-            return kernels.int8_dequantize(q, scale, self.group_size)
-        return _apply_groups(q.float(), self.group_size, scale)
+        return _int8_float(*self.int8_form(rows), self.group_size, self._dequantizes_in_c())
 
     def _dequantizes_in_c(self) -> bool:
         return self.blocks.device.type == "cpu" and kernels.available()
