@@ -149,6 +149,10 @@ def add_bench_parser(sub) -> None:
     multiturn.add_argument("--conversations", type=int, default=16)
     multiturn.add_argument("--turns", type=int, default=4)
     multiturn.add_argument("--concurrency", type=int, default=4, help="conversations in flight at once")
+    multiturn.add_argument("--interleave", action="store_true",
+                           help="every conversation open at once, --concurrency turns in flight; after each turn a "
+                                "conversation comes back after a seeded random number of other turns (users reading "
+                                "and typing), so the server holds every conversation's prefix between its turns")
     multiturn.add_argument("--max-tokens", type=int, default=16, help="tokens per assistant turn (ignore_eos)")
     multiturn.add_argument("--system-words", type=int, default=280,
                            help="words of each conversation's own system prompt (~300 tokens with SmolLM2's tokenizer)")

@@ -4,7 +4,10 @@ prefix cache makes of them.
 --conversations chats of --turns turns each; every turn resends the whole conversation so far (a
 system prompt of its own, the earlier user and assistant turns, a new user message) as one streamed
 /v1/chat/completions of --max-tokens tokens (temperature 0, ignore_eos). At most --concurrency chats
-run at once, each chat's turns one after another. The text is synthetic and seeded: the same
+run at once, each chat's turns one after another; or, with --interleave, every chat is open at once
+and --concurrency caps the turns in flight (the traffic of many users who read and type between
+turns: a server must keep every chat's prefix between its turns, which is where a cache shared by
+several replicas fills). The text is synthetic and seeded: the same
 arguments send the same requests. Measured: TTFT of the turns that could reuse a cached prefix
 (turn 2 on), output tokens/s, failures, and the prefix-cache hit rate, Δ llmpipe:prefix_cache_hits /
 Δ llmpipe:prefix_cache_queries over the run (summed over label sets: a data-parallel server has one
@@ -14,6 +17,7 @@ per replica). --compare URL2 runs the same chats against a second server and pri
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from types import SimpleNamespace
@@ -77,43 +81,86 @@ def parse_prefix_cache(text: str) -> dict[str, float] | None:
     return {"queries": counts[PREFIX_METRICS[0]], "hits": counts[PREFIX_METRICS[1]]}
 
 
-async def run_conversation(client: httpx.AsyncClient, url: str, model: str, conversation: int, args,
-                           progress: tqdm) -> list[RequestResult]:
-    """One chat's turns in order; a failed turn ends it (the turns it leaves count as failures)."""
-    messages = [{"role": "system", "content": system_prompt(args.seed, conversation, args.system_words)}]
-    results = []
-    for turn in range(args.turns):
-        messages.append({"role": "user", "content": user_message(args.seed, conversation, turn, args.user_words)})
+class Chat:
+    """One conversation: its messages so far and each turn's result."""
+
+    def __init__(self, args, conversation: int):
+        self.conversation, self.results = conversation, []
+        self.messages = [{"role": "system", "content": system_prompt(args.seed, conversation, args.system_words)}]
+
+    async def take_turn(self, client: httpx.AsyncClient, url: str, model: str, args, progress: tqdm) -> bool:
+        """The next turn sent and answered; whether another follows. A failed turn ends the chat (the
+        turns it leaves count as failures)."""
+        turn = len(self.results)
+        self.messages.append({"role": "user", "content": user_message(args.seed, self.conversation, turn, args.user_words)})
         body = {
-            "model": model, "messages": messages, "max_tokens": args.max_tokens, "temperature": 0.0,
+            "model": model, "messages": self.messages, "max_tokens": args.max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         }
         result = await send_request(client, url, body)
-        results.append(result)
+        self.results.append(result)
         progress.update(1)
         if not result.ok:
             skipped = args.turns - turn - 1
-            results += [RequestResult(error="not sent: an earlier turn of its conversation failed") for _ in range(skipped)]
+            self.results += [RequestResult(error="not sent: an earlier turn of its conversation failed")
+                             for _ in range(skipped)]
             progress.update(skipped)
-            break
-        messages.append({"role": "assistant", "content": result.text})
-    return results
+            return False
+        self.messages.append({"role": "assistant", "content": result.text})
+        return len(self.results) < args.turns
+
+
+async def back_to_back(chats: list[Chat], send, concurrency: int) -> None:
+    """At most `concurrency` chats open at once, each one's turns back to back."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(chat: Chat) -> None:
+        async with limit:
+            while await send(chat):
+                pass
+
+    await asyncio.gather(*(one(chat) for chat in chats))
+
+
+async def interleaved(chats: list[Chat], send, concurrency: int, seed: int) -> None:
+    """Every chat open at once, `concurrency` turns in flight: after each turn a chat comes back once
+    a seeded random number (0 to len(chats)) of other turns have been taken, as users read and type
+    between turns, so the server keeps every chat's prefix between its turns."""
+    rng, queue = random.Random(f"{seed}/returns"), asyncio.PriorityQueue()
+    for chat in chats:
+        queue.put_nowait((float(chat.conversation), chat.conversation))
+    taken, open_chats = 0, len(chats)
+
+    async def worker() -> None:
+        nonlocal taken, open_chats
+        while (index := (await queue.get())[1]) >= 0:
+            more = await send(chats[index])
+            taken += 1
+            if more:
+                queue.put_nowait((taken + rng.uniform(0, len(chats)), index))
+            elif (open_chats := open_chats - 1) == 0:
+                for _ in range(concurrency):
+                    queue.put_nowait((math.inf, -1))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 async def run_workload(base_url: str, model: str, args) -> tuple[list[list[RequestResult]], float]:
-    limit = asyncio.Semaphore(args.concurrency)
     url = f"{base_url.rstrip('/')}/v1/chat/completions"
-
-    async def one(client: httpx.AsyncClient, conversation: int, progress: tqdm) -> list[RequestResult]:
-        async with limit:
-            return await run_conversation(client, url, model, conversation, args, progress)
-
+    chats = [Chat(args, c) for c in range(args.conversations)]
     limits = httpx.Limits(max_connections=args.concurrency)
     with tqdm(total=args.conversations * args.turns, desc=base_url, unit="req") as progress:
         async with httpx.AsyncClient(timeout=args.timeout, limits=limits, headers=_headers(args)) as client:
+
+            def send(chat: Chat):
+                return chat.take_turn(client, url, model, args, progress)
+
             start = time.perf_counter()
-            chats = await asyncio.gather(*(one(client, c, progress) for c in range(args.conversations)))
-            return list(chats), time.perf_counter() - start
+            if args.interleave:
+                await interleaved(chats, send, args.concurrency, args.seed)
+            else:
+                await back_to_back(chats, send, args.concurrency)
+            return [chat.results for chat in chats], time.perf_counter() - start
 
 
 def run_one(base_url: str, args) -> dict:
@@ -168,9 +215,10 @@ def summary(run: dict, args) -> str:
     hits = "unknown (no prefix-cache counters at /metrics)" if cache is None else (
         f"{_fmt(cache['hit_rate'], '.1%')} ({cache['hits']:.0f} of {cache['queries']:.0f} prompt blocks)")
     ttft, first = run["ttft_turn2_on"], run["ttft_by_turn"][0]
+    in_flight = "turns (interleaved)" if args.interleave else "conversations"
     return (
         f"{run['url']} ({run['model']}): {args.conversations} conversations x {args.turns} turns, "
-        f"{args.concurrency} at a time: {run['completed']} turns done, {run['failed']} failed, in "
+        f"{args.concurrency} {in_flight} at a time: {run['completed']} turns done, {run['failed']} failed, in "
         f"{run['duration_s']:.1f} s; {run['output_throughput']:.1f} output tok/s; TTFT p50/p90 of turns 2+ "
         f"{_fmt(ttft['p50_ms'], '.0f')}/{_fmt(ttft['p90_ms'], '.0f')} ms (turn 1: p50 {_fmt(first['p50_ms'], '.0f')} ms); "
         f"prefix-cache hit rate {hits}."
@@ -186,7 +234,8 @@ def main(args) -> dict:
     runs = [run_one(url, args) for url in [args.url, *([args.compare] if args.compare else [])]]
     report: dict = {
         "config": {key: getattr(args, key) for key in (
-            "url", "compare", "conversations", "turns", "concurrency", "max_tokens", "system_words", "user_words", "seed")},
+            "url", "compare", "conversations", "turns", "concurrency", "interleave", "max_tokens", "system_words",
+            "user_words", "seed")},
         "runs": runs,
     }
     for run in runs:

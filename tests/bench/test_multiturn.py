@@ -4,11 +4,14 @@ counted, not raised."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from llmpipe.bench.multiturn import compare, parse_prefix_cache, system_prompt, user_message
+from llmpipe.bench.multiturn import (back_to_back, compare, interleaved, parse_prefix_cache, system_prompt,
+                                     user_message)
 from llmpipe.cli import main
 from tests.server.conftest import metric
 
@@ -24,12 +27,14 @@ def bench(url: str, tmp_path, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_later_turns_hit_the_prefix_cache(url, tmp_path, capsys):
+@pytest.mark.parametrize("order", [[], ["--interleave"]], ids=["back-to-back", "interleaved"])
+def test_later_turns_hit_the_prefix_cache(url, tmp_path, capsys, order):
     generated = metric(url, "llmpipe:generation_tokens_total")
-    report = bench(url, tmp_path)
+    report = bench(url, tmp_path, *order)
     assert metric(url, "llmpipe:generation_tokens_total") - generated == CONVERSATIONS * TURNS * MAX_TOKENS
     (run,) = report["runs"]
     assert report["config"]["conversations"] == CONVERSATIONS and "comparison" not in report
+    assert report["config"]["interleave"] == bool(order)
     assert (run["completed"], run["failed"], run["errors"]) == (CONVERSATIONS * TURNS, 0, [])
     assert run["total_output_tokens"] == CONVERSATIONS * TURNS * MAX_TOKENS
     assert run["output_throughput"] == pytest.approx(run["total_output_tokens"] / run["duration_s"])
@@ -82,3 +87,38 @@ def test_messages_are_seeded_and_conversations_share_no_prefix():
     assert user_message(0, 1, 2, 10) == user_message(0, 1, 2, 10) != user_message(0, 1, 3, 10)
     a, b = system_prompt(0, 1, 50), system_prompt(0, 2, 50)
     assert a[:40] != b[:40] and len(a.split()) > 50
+
+
+def schedule(order, chats: int, turns: int, concurrency: int) -> tuple[list[int], int, int]:
+    """The conversations in the order their turns were sent, the most turns in flight at once, and
+    the most conversations open (begun, not finished) at once, under a fake server."""
+    left, sent, in_flight, open_now = [turns] * chats, [], [0], set()
+    peaks = {"in_flight": 0, "open": 0}
+
+    async def send(chat) -> bool:
+        c = chat.conversation
+        sent.append(c)
+        open_now.add(c)
+        in_flight[0] += 1
+        peaks["in_flight"], peaks["open"] = max(peaks["in_flight"], in_flight[0]), max(peaks["open"], len(open_now))
+        await asyncio.sleep(0.001 * (1 + c % 3))
+        in_flight[0] -= 1
+        left[c] -= 1
+        if not left[c]:
+            open_now.discard(c)
+        return left[c] > 0
+
+    asyncio.run(order([SimpleNamespace(conversation=c) for c in range(chats)], send, concurrency))
+    return sent, peaks["in_flight"], peaks["open"]
+
+
+def test_interleaved_turns_keep_every_conversation_open():
+    """Back to back, a conversation's turns run together and only `concurrency` are open; interleaved,
+    the same turns are sent, no more at once, but conversations wait between their turns."""
+    chats, turns, concurrency = 8, 3, 2
+    sequential, in_flight, open_at_once = schedule(back_to_back, chats, turns, concurrency)
+    assert sorted(sequential) == sorted(list(range(chats)) * turns)
+    assert (in_flight, open_at_once) == (concurrency, concurrency)
+    mixed, in_flight, open_at_once = schedule(lambda *a: interleaved(*a, seed=0), chats, turns, concurrency)
+    assert sorted(mixed) == sorted(sequential)
+    assert in_flight == concurrency and open_at_once >= chats - 1
