@@ -274,12 +274,14 @@ static void add_bias(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, flo
 /* The panels' slice: every row of the batch at once, each panel's codes read once. */
 static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     const int planes = w->bits == 16 ? 2 : 1;
-    const int kind = w->kind == INT4 ? PANEL_INT4 : PANEL_INT8, wide = kind == PANEL_INT8 && planes == 2 && !use_vnni();
+    const int kind = w->kind == INT4 ? PANEL_INT4 : PANEL_INT8;
     quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum); /* sums per block: the panels' offsets are */
-    if (wide) widen_planes(s->qx, w->K, B * w->K, B, w->K, (int16_t *)s->qp); /* qp: as many bytes as two planes */
-    const int8_t *rows = wide ? s->qp : s->qx;
-    panel_rows(1, kind, planes, w->panels, n0 / PANEL, (n1 + PANEL - 1) / PANEL, rows, wide ? 2 * w->K : w->K, B * w->K,
-               s->dx, s->xsum, B, n1, w->K, s->y, n1 - n0, n0);
+    if (panels_take_wide_rows(1, kind, planes)) /* qp: as many bytes as two planes */
+        widen_planes(s->qx, w->K, B * w->K, B, w->K, (int16_t *)s->qp);
+    else
+        pack_tiles(s->qx, w->K, B * w->K, B, w->K, planes, s->qp);
+    panel_rows(1, kind, planes, w->panels, n0 / PANEL, (n1 + PANEL - 1) / PANEL, s->qp, s->dx, s->xsum, B, n1, w->K,
+               s->y, n1 - n0, n0);
 }
 
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */

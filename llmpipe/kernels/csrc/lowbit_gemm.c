@@ -28,17 +28,15 @@ static void gemm_dot(int kind, const float *x, const uint8_t *panels, float *y, 
     /* row m's planes at qx + m * planes * K: one row per call, so the rows quantize in parallel */
     _Pragma("omp parallel for schedule(static)") for (int64_t m = 0; m < M; m++)
         quantize_rows(x + m * K, 1, K, BLOCK, planes, qx + m * planes * K, dx + m * B, xsum + m * B);
-    int16_t *wide = NULL; /* INT8 with 16-bit blocks takes them as int16 codes */
-    if (kind == PANEL_INT8 && planes == 2 && !(isa && use_vnni())) {
-        wide = malloc(sizeof(int16_t) * M * K);
-        widen_planes(qx, planes * K, K, M, K, wide);
-    }
-    const int8_t *rows = wide ? (const int8_t *)wide : qx;
+    int8_t *rows = malloc(activation_bytes(M, K, planes)); /* the tiles (or int16 codes) panel_rows reads */
+    if (panels_take_wide_rows(isa, kind, planes))
+        widen_planes(qx, planes * K, K, M, K, (int16_t *)rows);
+    else
+        pack_tiles(qx, planes * K, K, M, K, planes, rows);
     /* Threads take whole panels: a panel's codes (B blocks) stay in L1 across the row tiles. */
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < P; p++)
-        panel_rows(isa, kind, planes, panels, p, p + 1, rows, wide ? 2 * K : planes * K, K, dx, xsum, M, N, K, y, N, 0);
-    free(qx), free(dx), free(xsum), free(wide);
+    for (int64_t p = 0; p < P; p++) panel_rows(isa, kind, planes, panels, p, p + 1, rows, dx, xsum, M, N, K, y, N, 0);
+    free(qx), free(dx), free(xsum), free(rows);
 }
 
 void int4_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K, int64_t bits,

@@ -45,13 +45,12 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int8_block_dot
 }
 #endif
 
-/* One tile: MR activation rows (`row_bytes` apart, each one's low plane `plane_bytes` after its high
- * one) against one panel, all K / 32 blocks; out[MR][PANEL]. dx, xsum: the rows' block scales and
- * block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */
+/* One tile: MR activation rows against one panel, all K / 32 blocks; out[MR][PANEL]. qx: the tile as
+ * pack_tiles lays it out (its int16 rows, K apart, for WIDE_INT8's INT8 x 16-bit blocks); dx, xsum:
+ * the rows' block scales and block sums (sums of the quantized x, INT4's offset term), K / 32 apart. */
 ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tile)(const int kind, const uint8_t *panel, const int8_t *qx,
-                                                             int64_t row_bytes, int64_t plane_bytes, const float *dx,
-                                                             const float *xsum, int64_t K, float out[][PANEL],
-                                                             const int MR, const int PL) {
+                                                             const float *dx, const float *xsum, int64_t K,
+                                                             float out[][PANEL], const int MR, const int PL) {
     const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
     const int64_t code_bytes = kind == PANEL_INT4 ? 128 : 256;
     __m256 acc[GEMM_ROWS];
@@ -59,26 +58,24 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tile)(co
     for (int64_t b = 0; b < B; b++) {
         const uint8_t *block = panel + b * block_bytes;
         const float *scales = (const float *)(block + code_bytes);
+        const int8_t *x = qx + b * MR * PL * BLOCK; /* row r's plane pl at x + (r * PL + pl) * BLOCK */
         __m256i dots[GEMM_ROWS][2];
-#if WIDE_INT8
-        if (kind == PANEL_INT8 && PL == 2)
-            ISA_FN(int8_block_dots_wide)(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
-        else
-#endif
-        for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
-            const int8_t *x = qx + pl * plane_bytes + b * BLOCK;
-            __m256i d[GEMM_ROWS][2];
-            if (kind == PANEL_INT4) {
-                __m256i whole[GEMM_ROWS];
-                ISA_FN(int4_block_dots)(block, x, row_bytes, PL == 2 && pl == 0, whole, MR);
-                for (int r = 0; r < MR; r++) d[r][0] = whole[r];
-            } else {
-                ISA_FN(int8_block_dots)(block, x, row_bytes, PL == 2 && pl == 0, pl == 1, d, MR);
-            }
-            for (int r = 0; r < MR; r++)
-                for (int h = 0; h < (kind == PANEL_INT4 ? 1 : 2); h++)
-                    dots[r][h] = pl == 0 ? d[r][h] : _mm256_add_epi32(dots[r][h], d[r][h]);
+        if (kind == PANEL_INT4) {
+            __m256i whole[GEMM_ROWS];
+            ISA_FN(int4_block_dots)(block, x, PL * BLOCK, BLOCK, whole, MR, PL);
+            for (int r = 0; r < MR; r++) dots[r][0] = whole[r];
         }
+#if WIDE_INT8
+        else if (PL == 2)
+            ISA_FN(int8_block_dots_wide)(block, (const int16_t *)qx + b * BLOCK, K, dots, MR);
+#endif
+        else
+            for (int pl = 0; pl < PL; pl++) { /* the high (or only) plane, then the low one */
+                __m256i d[GEMM_ROWS][2];
+                ISA_FN(int8_block_dots)(block, x + pl * BLOCK, PL * BLOCK, PL == 2 && pl == 0, pl == 1, d, MR);
+                for (int r = 0; r < MR; r++)
+                    for (int h = 0; h < 2; h++) dots[r][h] = pl == 0 ? d[r][h] : _mm256_add_epi32(dots[r][h], d[r][h]);
+            }
         for (int r = 0; r < MR; r++) {
             const __m256 d = _mm256_set1_ps(dx[r * B + b]);
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r][0]), _mm256_mul_ps(_mm256_loadu_ps(scales), d), acc[r]);
@@ -93,15 +90,15 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tile)(co
 
 #define PANEL_TILE(MR)                                                                                  \
     do {                                                                                                \
-        ISA_FN(panel_tile)(kind, panel, qx + m0 * row_bytes, row_bytes, plane_bytes, dx + m0 * B, xsum + m0 * B, K, out, MR, PL); \
+        ISA_FN(panel_tile)(kind, panel, qx + m0 * PL * K, dx + m0 * B, xsum + m0 * B, K, out, MR, PL);              \
         for (int r = 0; r < MR; r++) memcpy(y + (m0 + r) * ld + col, out[r], sizeof(float) * cols);     \
     } while (0)
 
-/* Every row of M against panels [p0, p1): output n (< N) landing in y[m * ld + n - n0]. The rows'
- * quantized planes as panel_tile takes them. */
+/* Every row of M against panels [p0, p1): output n (< N) landing in y[m * ld + n - n0]. qx: the rows
+ * as panel_tile takes them, tile by tile (GEMM_ROWS rows, PL * K bytes each). */
 ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tiles)(
-    const int kind, const uint8_t *panels, int64_t p0, int64_t p1, const int8_t *qx, int64_t row_bytes,
-    int64_t plane_bytes, const float *dx, const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
+    const int kind, const uint8_t *panels, int64_t p0, int64_t p1, const int8_t *qx, const float *dx,
+    const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
     int64_t n0, const int PL) {
     const int64_t B = K / BLOCK, block_bytes = kind == PANEL_INT4 ? INT4_PANEL_BYTES : INT8_PANEL_BYTES;
     for (int64_t p = p0; p < p1; p++) {
@@ -122,10 +119,9 @@ ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(panel_tiles)(
 /* panel_tiles with the kind and plane count as constants, each combination its own loops; a function of
  * its own, so its ISA's code is entered through one call. */
 ISA_ATTR static void ISA_FN(panel_rows)(int kind, int planes, const uint8_t *panels, int64_t p0, int64_t p1,
-                                        const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, const float *dx,
-                                        const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld,
-                                        int64_t n0) {
-    WITH_PANEL_KIND(kind, WITH_PLANES(planes, ISA_FN(panel_tiles)(KIND, panels, p0, p1, qx, row_bytes, plane_bytes, dx,
+                                        const int8_t *qx, const float *dx, const float *xsum, int64_t M, int64_t N,
+                                        int64_t K, float *y, int64_t ld, int64_t n0) {
+    WITH_PANEL_KIND(kind, WITH_PLANES(planes, ISA_FN(panel_tiles)(KIND, panels, p0, p1, qx, dx,
                                                                   xsum, M, N, K, y, ld, n0, PL);););
 }
 

@@ -32,26 +32,30 @@ enum { PANEL_INT4 = 0, PANEL_INT8 = 1 };
 /* The 4 bytes of an activation row at x as a vector of 8 copies. */
 static inline __m256i quad_copies(const int8_t *x) { return _mm256_set1_epi32(*(const int32_t *)x); }
 
-/* INT4 block: the dot of each of MR rows' plane with the panel's 8 rows, as 8 int32 lanes (`high`: the
- * high plane of two, times 128). The
- * unsigned codes (0..15) times |x| <= 127 give pair sums <= 3,810, so all 8 quads add in int16
- * (<= 30,480) before one widening multiply-add, as llama.cpp's AVX2 Q4 dots do. */
+/* INT4 block: the dot of each of MR rows' PL planes (`plane_bytes` apart: of two, the high one first,
+ * times 128) with the panel's 8 rows, as 8 int32 lanes; each quad's codes unpacked once for every row
+ * and plane. The unsigned codes (0..15) times |x| <= 127 give pair sums <= 3,810, so all 8 quads add
+ * in int16 (<= 30,480) before one widening multiply-add, as llama.cpp's AVX2 Q4 dots do. */
 static inline __attribute__((always_inline)) void int4_block_dots_avx2(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int high, __m256i dots[],
-                                                                       const int MR) {
-    const __m256i pair_weight = high ? HIGH16 : ONES16, nibble = _mm256_set1_epi8(0x0F);
-    __m256i sums[GEMM_ROWS];
-    for (int r = 0; r < MR; r++) sums[r] = _mm256_setzero_si256();
+                                                                       int64_t row_bytes, int64_t plane_bytes,
+                                                                       __m256i dots[], const int MR, const int PL) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i sums[2][GEMM_ROWS];
+    for (int pl = 0; pl < PL; pl++)
+        for (int r = 0; r < MR; r++) sums[pl][r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
         const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < MR; r++) {
-            const int8_t *xr = x + r * row_bytes + 4 * j;
-            const __m256i p = _mm256_maddubs_epi16(first, quad_copies(xr));
-            sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(p, _mm256_maddubs_epi16(second, quad_copies(xr + 16))));
-        }
+        for (int r = 0; r < MR; r++)
+            for (int pl = 0; pl < PL; pl++) {
+                const int8_t *xr = x + pl * plane_bytes + r * row_bytes + 4 * j;
+                const __m256i p = _mm256_maddubs_epi16(first, quad_copies(xr));
+                sums[pl][r] = _mm256_add_epi16(sums[pl][r], _mm256_add_epi16(p, _mm256_maddubs_epi16(second, quad_copies(xr + 16))));
+            }
     }
-    for (int r = 0; r < MR; r++) dots[r] = _mm256_madd_epi16(sums[r], pair_weight);
+    for (int r = 0; r < MR; r++)
+        dots[r] = PL == 1 ? _mm256_madd_epi16(sums[0][r], ONES16)
+                          : _mm256_add_epi32(_mm256_madd_epi16(sums[0][r], HIGH16), _mm256_madd_epi16(sums[1][r], ONES16));
 }
 
 /* acc + the byte products u (unsigned) x s (signed), four to a lane, per ISA (lowbit_panel_tile.h's
@@ -78,23 +82,34 @@ static inline __m256i wide_dot_avx2(__m256i acc, __m256i w, __m256i x) { return 
 
 /* ---- AVX512-VNNI (256-bit dpbusd / dpwssd): the same integer dots, accumulated in int32 directly ---- */
 
-/* int4_block_dots_avx2's dots: each quad's codes times the copies in one dpbusd (the high plane's,
- * times 128, shifted). */
+/* acc + the byte products of u (unsigned) with the 4 bytes at x copied to every lane: dpbusd with the
+ * copies as its embedded broadcast ({1to8}), one instruction where the compiler emits two. */
+VNNI static inline __attribute__((always_inline)) __m256i dpbusd_quad(__m256i acc, __m256i u, const int8_t *x) {
+    __asm__("vpdpbusd %2%{1to8%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const int32_t *)x));
+    return acc;
+}
+
+/* int4_block_dots_avx2's dots: each quad's codes times the copies in one dpbusd. Every row and plane
+ * accumulates on its own (dpbusd's latency: one chain a row would leave half its throughput idle);
+ * the high plane's dots, times 128, shifted at the end. */
 VNNI static inline __attribute__((always_inline)) void int4_block_dots_vnni(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int high, __m256i dots[],
-                                                                       const int MR) {
+                                                                       int64_t row_bytes, int64_t plane_bytes,
+                                                                       __m256i dots[], const int MR, const int PL) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    for (int r = 0; r < MR; r++) dots[r] = _mm256_setzero_si256();
+    __m256i sums[2][GEMM_ROWS];
+    for (int pl = 0; pl < PL; pl++)
+        for (int r = 0; r < MR; r++) sums[pl][r] = _mm256_setzero_si256();
     for (int j = 0; j < 4; j++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
         const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < MR; r++) {
-            const int8_t *xr = x + r * row_bytes + 4 * j;
-            dots[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(dots[r], first, quad_copies(xr)), second, quad_copies(xr + 16));
-        }
+        for (int r = 0; r < MR; r++)
+            for (int pl = 0; pl < PL; pl++) {
+                const int8_t *xr = x + pl * plane_bytes + r * row_bytes + 4 * j;
+                sums[pl][r] = dpbusd_quad(dpbusd_quad(sums[pl][r], first, xr), second, xr + 16);
+            }
     }
-    if (high)
-        for (int r = 0; r < MR; r++) dots[r] = _mm256_slli_epi32(dots[r], 7);
+    for (int r = 0; r < MR; r++)
+        dots[r] = PL == 1 ? sums[0][r] : _mm256_add_epi32(_mm256_slli_epi32(sums[0][r], 7), sums[1][r]);
 }
 
 /* byte_dot_avx2's multiply-adds and add as one dpbusd. */
@@ -124,10 +139,33 @@ VNNI static inline __m256i byte_dot_vnni(__m256i acc, __m256i u, __m256i s) { re
 #undef ISA_ATTR
 #undef WIDE_INT8
 
-/* Every row of M against panels [p0, p1) (panel_tiles), on VNNI where `vnni` and the CPU has it. */
+/* Every row of M against panels [p0, p1) (panel_tiles), on VNNI where `vnni` and the CPU has it; qx as
+ * pack_tiles lays it out (or widen_planes' int16 rows, for the AVX2 INT8 x 16-bit tiles). */
 static inline void panel_rows(int vnni, int kind, int planes, const uint8_t *panels, int64_t p0, int64_t p1,
-                              const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, const float *dx,
-                              const float *xsum, int64_t M, int64_t N, int64_t K, float *y, int64_t ld, int64_t n0) {
-    (vnni && use_vnni() ? panel_rows_vnni : panel_rows_avx2)(kind, planes, panels, p0, p1, qx, row_bytes, plane_bytes,
-                                                             dx, xsum, M, N, K, y, ld, n0);
+                              const int8_t *qx, const float *dx, const float *xsum, int64_t M, int64_t N, int64_t K,
+                              float *y, int64_t ld, int64_t n0) {
+    (vnni && use_vnni() ? panel_rows_vnni : panel_rows_avx2)(kind, planes, panels, p0, p1, qx, dx, xsum, M, N, K, y, ld,
+                                                             n0);
+}
+
+/* Whether panel_rows takes a batch's rows as widen_planes' int16 codes (else as pack_tiles' tiles). */
+static inline int panels_take_wide_rows(int vnni, int kind, int planes) {
+    return kind == PANEL_INT8 && planes == 2 && !(vnni && use_vnni());
+}
+
+/* The activation rows' quantized planes (row m's plane pl at qx + m * row_bytes + pl * plane_bytes) as
+ * the tiles read them: tile by tile (GEMM_ROWS rows; the last one what is left), block by block, each
+ * row's planes side by side, so that one pointer and constant offsets reach a tile's bytes of a block
+ * (rows at run-time strides spilled the general registers). out: M * planes * K bytes. */
+static inline void pack_tiles(const int8_t *qx, int64_t row_bytes, int64_t plane_bytes, int64_t M, int64_t K,
+                              int planes, int8_t *out) {
+    for (int64_t m0 = 0; m0 < M; m0 += GEMM_ROWS) {
+        const int64_t rows = M - m0 < GEMM_ROWS ? M - m0 : GEMM_ROWS;
+        int8_t *tile = out + m0 * planes * K;
+        for (int64_t b = 0; b < K / BLOCK; b++)
+            for (int64_t r = 0; r < rows; r++)
+                for (int pl = 0; pl < planes; pl++)
+                    memcpy(tile + ((b * rows + r) * planes + pl) * BLOCK, qx + (m0 + r) * row_bytes + pl * plane_bytes + b * BLOCK,
+                           BLOCK);
+    }
 }
