@@ -92,9 +92,12 @@ def test_step_costs_cap_a_step_to_the_allowed_stall_of_the_batch_waiting_to_deco
     assert costs.cost(4) == pytest.approx(0.050)  # and below the smallest
     # 2 x a step of 8 rows = 200 ms: 58 rows, 50 of them prefill beside 8 decodes
     assert costs.prefill_budget(num_decodes=8, num_sequences=8) == 50
-    # 24 running or waiting but 8 decoding: the reference is a decode step of 24 (132 ms), and 2 x 132 ms
-    # = 90 rows: the cap grows with the queue instead of shrinking with the decodes
-    assert costs.prefill_budget(num_decodes=8, num_sequences=24) == 82
+    # 24 running or waiting but 8 decoding: the reference is a decode step of 24 (132 ms), and as 16
+    # wait for the 8 that decode, 2 x 16 / 8 x 132 ms = 528 ms, 208 x 528 / 500 = 219 rows (in
+    # proportion past the largest step): the cap grows with the queue instead of shrinking with the decodes
+    assert costs.prefill_budget(num_decodes=8, num_sequences=24) == 211
+    assert costs.prefill_budget(num_decodes=12, num_sequences=24) == 90 - 12  # as many wait as decode: 2 x 132 ms
+    assert costs.prefill_budget(num_decodes=24, num_sequences=24) == 90 - 24
     costs.observe(num_rows=8, seconds=0.001)
     assert costs.prefill_budget(num_decodes=8, num_sequences=8) >= MIN_PREFILL_CHUNK
     assert StepCosts(max_stall=None).prefill_budget(8, 8) is None
