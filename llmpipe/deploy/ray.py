@@ -12,6 +12,7 @@ Two ways in, one client (client.py) and one FastAPI app (server/app.py) in both:
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, Callable
 
 from llmpipe.errors import LLMPipeError
@@ -119,12 +120,26 @@ def start_replicas(options: argparse.Namespace, before_step: Callable[[], None] 
     ray, serve = require_ray()
     if not ray.is_initialized():
         ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
+        # A cluster may grow; this machine will not, and Ray would wait for the CPUs forever.
+        shortfall = None if os.environ.get("RAY_ADDRESS") else cpu_shortfall(ray.cluster_resources().get("CPU", 0), options)
+        if shortfall:
+            raise LLMPipeError(shortfall)  # (data_parallel_client stops Ray)
     serve.start(proxy_location="Disabled")
     kwargs = dict(engine_kwargs(options), model=options.model)
     targets = [serve.RunTarget(replica_app(i, kwargs, options.num_threads or 1, before_step),
                                name=f"llmpipe-replica-{i}", route_prefix=None)
                for i in range(options.data_parallel_size)]
     return serve.run_many(targets)
+
+
+def cpu_shortfall(cpus: float, options: argparse.Namespace) -> str | None:
+    """Why Ray cannot place the replicas on `cpus` CPUs (each asks for --num-threads), or None."""
+    threads = options.num_threads or 1
+    needed = options.data_parallel_size * threads
+    if needed <= cpus:
+        return None
+    return (f"--data-parallel-size {options.data_parallel_size} x --num-threads {threads} needs {needed} CPUs, and "
+            f"Ray has {cpus:g} here: fewer replicas or threads, or a cluster (RAY_ADDRESS)")
 
 
 def data_parallel_client(options: argparse.Namespace, before_step: Callable[[], None] | None = None):

@@ -68,3 +68,16 @@ def test_without_ray_data_parallel_serving_is_one_clear_error(tiny_path, monkeyp
     assert main(["serve", "--model", tiny_path, "--data-parallel-size", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "llmpipe: error: --data-parallel-size > 1 runs the replicas on Ray Serve: pip install 'llmpipe[ray]'"
+
+
+def test_replicas_this_machine_cannot_place_are_refused_in_one_line():
+    """Every replica asks Ray for --num-threads CPUs; a local Ray would wait for missing ones forever."""
+    from argparse import Namespace
+
+    from llmpipe.deploy.ray import cpu_shortfall
+
+    assert cpu_shortfall(2, Namespace(data_parallel_size=2, num_threads=1)) is None
+    assert cpu_shortfall(4, Namespace(data_parallel_size=2, num_threads=None)) is None  # one thread each
+    message = cpu_shortfall(2, Namespace(data_parallel_size=4, num_threads=1))
+    assert message.startswith("--data-parallel-size 4 x --num-threads 1 needs 4 CPUs, and Ray has 2 here")
+    assert "\n" not in message
