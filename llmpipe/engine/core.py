@@ -34,6 +34,7 @@ from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.sequence import Request, Sequence
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.kernels import huge_pages
 from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
 from llmpipe.models import load_model, resident_bytes
@@ -154,6 +155,12 @@ class EngineCore:
         close = getattr(self.runner, "close", None)
         if close is not None:
             close()
+
+    def fault_in_kv_cache(self) -> None:
+        """The KV cache's pages taken now, before a server's first request (huge_pages.fault_in); the
+        ranks of a tensor-parallel runner keep theirs lazy."""
+        for tensor in getattr(self.runner.kv_cache, "tensors", ()):
+            huge_pages.fault_in(tensor)
 
     def info(self, pid: int) -> CoreInfo:
         return CoreInfo(

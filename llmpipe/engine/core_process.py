@@ -52,6 +52,7 @@ def run_engine_core(
         transport.outputs.send_multipart([FAILED, str(err).encode()])
         context.destroy(linger=2000)
         raise SystemExit(1) from None
+    core.fault_in_kv_cache()  # a server lives long: its start-up pays the page faults, not its requests
     try:
         transport.outputs.send_multipart([READY, encoder.encode(core.info(os.getpid()))])
         transport.send(EngineCoreOutputs([], 0.0), core.stats())

@@ -15,14 +15,14 @@ from llmpipe.kernels import huge_pages
 BIG = huge_pages.MIN_BYTES // 4 * 3  # float32 elements: 1.5 huge pages
 
 
-def anon_huge_kib(address: int) -> int:
-    """AnonHugePages of the mapping holding `address`, from /proc/self/smaps."""
+def smaps_kib(address: int, field: str = "AnonHugePages") -> int:
+    """A field (kB) of the mapping holding `address`, from /proc/self/smaps."""
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         span = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
         if span:
             inside = int(span.group(1), 16) <= address < int(span.group(2), 16)
-        elif inside and line.startswith("AnonHugePages:"):
+        elif inside and line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0
 
@@ -72,7 +72,17 @@ def test_placing_a_models_weights_keeps_what_it_shares_shared_and_small_tensors_
 def test_where_the_kernel_offers_huge_pages_a_large_tensor_gets_them():
     t = huge_pages.zeros((64 << 20,), torch.uint8)
     t.fill_(1)  # fault every page in
-    assert anon_huge_kib(t.data_ptr()) >= 2048
+    assert smaps_kib(t.data_ptr()) >= 2048
     plain = torch.ones(64 << 20, dtype=torch.uint8)  # PyTorch's allocator, not advised (THP `madvise`)
     if "[madvise]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text():
-        assert anon_huge_kib(plain.data_ptr()) < anon_huge_kib(t.data_ptr())
+        assert smaps_kib(plain.data_ptr()) < smaps_kib(t.data_ptr())
+
+
+def test_faulting_in_makes_every_page_resident_and_keeps_the_zeros():
+    """fault_in takes a fresh mapping's pages before any step writes them (a KV cache at server start)."""
+    tensor = huge_pages.zeros((4 * BIG,), torch.float32)
+    address, size_kib = tensor.data_ptr(), tensor.numel() * 4 // 1024
+    assert smaps_kib(address, "Rss") < size_kib // 2  # a fresh anonymous mapping: not yet taken
+    huge_pages.fault_in(tensor)
+    assert smaps_kib(address, "Rss") >= size_kib
+    assert not tensor.any()

@@ -12,6 +12,9 @@
  * int8 planes would cost a sign trick and two byte multiply-adds per quad. On VNNI the two planes win
  * (a byte dot is one dpbusd there; SmolLM2's LM head, 49152 x 576, 2 threads: 16 rows 9.0-9.3 -> 6.1-6.6
  * ms, 31 rows 16.0-16.6 -> 11.3-14.4): WIDE_INT8 says which a tile takes.
+ * The tiles read the activation rows as pack_tiles lays them out: with rows at run-time strides the
+ * 8 (row, plane) addresses of a tile spilled the general registers (INT4 gate_up, 3072 x 576, 16-bit
+ * blocks, one thread, VNNI: 141 -> 156-160 GFLOP/s at 16-128 rows, 127 -> 152-156 at 1,024; AVX2 83 -> 86).
  */
 #pragma once
 #include <immintrin.h>
