@@ -2,6 +2,29 @@
  * name, ISA_ATTR its target attribute): the tiles are the same, the block dots ISA's own. */
 #define ISA_FN(name) ISA_CAT(name, ISA)
 
+/* INT4 block: the dot of each of MR rows' PL planes (`plane_bytes` apart: of two, the high one first)
+ * with the panel's 8 rows, as 8 int32 lanes. Each quad's codes are unpacked once for every row and
+ * plane, and every row and plane sums on its own (dpbusd's latency: one chain a row left half its
+ * throughput idle). */
+ISA_ATTR static inline __attribute__((always_inline)) void ISA_FN(int4_block_dots)(const uint8_t *block, const int8_t *x,
+                                                                            int64_t row_bytes, int64_t plane_bytes,
+                                                                            __m256i dots[], const int MR, const int PL) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    __m256i sums[2][GEMM_ROWS];
+    for (int pl = 0; pl < PL; pl++)
+        for (int r = 0; r < MR; r++) sums[pl][r] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
+        const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+        for (int r = 0; r < MR; r++)
+            for (int pl = 0; pl < PL; pl++)
+                sums[pl][r] = ISA_FN(int4_quad_sum)(sums[pl][r], first, second, x + pl * plane_bytes + r * row_bytes + 4 * j);
+    }
+    for (int r = 0; r < MR; r++)
+        dots[r] = PL == 1 ? ISA_FN(int4_plane_dots)(sums[0][r], 0)
+                          : _mm256_add_epi32(ISA_FN(int4_plane_dots)(sums[0][r], 1), ISA_FN(int4_plane_dots)(sums[1][r], 0));
+}
+
 /* INT8 block, per half (inputs 0-15: dots[r][0], 16-31: dots[r][1]). Signed codes: the high plane
  * (signed) takes llama.cpp's sign trick, |w| times x carrying w's sign; the low plane (0..127) meets
  * the codes directly. `high`: the high plane of two, its dots times 128. */

@@ -35,31 +35,17 @@ enum { PANEL_INT4 = 0, PANEL_INT8 = 1 };
 /* The 4 bytes of an activation row at x as a vector of 8 copies. */
 static inline __m256i quad_copies(const int8_t *x) { return _mm256_set1_epi32(*(const int32_t *)x); }
 
-/* INT4 block: the dot of each of MR rows' PL planes (`plane_bytes` apart: of two, the high one first,
- * times 128) with the panel's 8 rows, as 8 int32 lanes; each quad's codes unpacked once for every row
- * and plane. The unsigned codes (0..15) times |x| <= 127 give pair sums <= 3,810, so all 8 quads add
- * in int16 (<= 30,480) before one widening multiply-add, as llama.cpp's AVX2 Q4 dots do. */
-static inline __attribute__((always_inline)) void int4_block_dots_avx2(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int64_t plane_bytes,
-                                                                       __m256i dots[], const int MR, const int PL) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256i sums[2][GEMM_ROWS];
-    for (int pl = 0; pl < PL; pl++)
-        for (int r = 0; r < MR; r++) sums[pl][r] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
-        const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < MR; r++)
-            for (int pl = 0; pl < PL; pl++) {
-                const int8_t *xr = x + pl * plane_bytes + r * row_bytes + 4 * j;
-                const __m256i p = _mm256_maddubs_epi16(first, quad_copies(xr));
-                sums[pl][r] = _mm256_add_epi16(sums[pl][r], _mm256_add_epi16(p, _mm256_maddubs_epi16(second, quad_copies(xr + 16))));
-            }
-    }
-    for (int r = 0; r < MR; r++)
-        dots[r] = PL == 1 ? _mm256_madd_epi16(sums[0][r], ONES16)
-                          : _mm256_add_epi32(_mm256_madd_epi16(sums[0][r], HIGH16), _mm256_madd_epi16(sums[1][r], ONES16));
+/* INT4 blocks (lowbit_panel_tile.h's int4_block_dots), per ISA: one quad's two unpacked code vectors
+ * times a row's activation copies, added to its plane's sum, and a plane's sum as int32 dots. AVX2:
+ * the unsigned codes (0..15) times |x| <= 127 give pair sums <= 3,810, so all 8 quads add in int16
+ * (<= 30,480) before one widening multiply-add (times 128 for the high plane of two), as llama.cpp's
+ * AVX2 Q4 dots do. */
+static inline __m256i int4_quad_sum_avx2(__m256i sum, __m256i first, __m256i second, const int8_t *x) {
+    const __m256i p = _mm256_maddubs_epi16(first, quad_copies(x));
+    return _mm256_add_epi16(sum, _mm256_add_epi16(p, _mm256_maddubs_epi16(second, quad_copies(x + 16))));
 }
+
+static inline __m256i int4_plane_dots_avx2(__m256i sum, int high) { return _mm256_madd_epi16(sum, high ? HIGH16 : ONES16); }
 
 /* acc + the byte products u (unsigned) x s (signed), four to a lane, per ISA (lowbit_panel_tile.h's
  * int8_block_dots); no pair sum saturates: 2 x 128 x 127 < 32,767. */
@@ -92,28 +78,14 @@ VNNI static inline __attribute__((always_inline)) __m256i dpbusd_quad(__m256i ac
     return acc;
 }
 
-/* int4_block_dots_avx2's dots: each quad's codes times the copies in one dpbusd. Every row and plane
- * accumulates on its own (dpbusd's latency: one chain a row would leave half its throughput idle);
- * the high plane's dots, times 128, shifted at the end. */
-VNNI static inline __attribute__((always_inline)) void int4_block_dots_vnni(const uint8_t *block, const int8_t *x,
-                                                                       int64_t row_bytes, int64_t plane_bytes,
-                                                                       __m256i dots[], const int MR, const int PL) {
-    const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256i sums[2][GEMM_ROWS];
-    for (int pl = 0; pl < PL; pl++)
-        for (int r = 0; r < MR; r++) sums[pl][r] = _mm256_setzero_si256();
-    for (int j = 0; j < 4; j++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * j));
-        const __m256i first = _mm256_and_si256(v, nibble), second = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        for (int r = 0; r < MR; r++)
-            for (int pl = 0; pl < PL; pl++) {
-                const int8_t *xr = x + pl * plane_bytes + r * row_bytes + 4 * j;
-                sums[pl][r] = dpbusd_quad(dpbusd_quad(sums[pl][r], first, xr), second, xr + 16);
-            }
-    }
-    for (int r = 0; r < MR; r++)
-        dots[r] = PL == 1 ? sums[0][r] : _mm256_add_epi32(_mm256_slli_epi32(sums[0][r], 7), sums[1][r]);
+/* VNNI: each quad's codes times the copies in one dpbusd, in int32 at once; the high plane's dots
+ * (times 128) shifted. */
+VNNI static inline __attribute__((always_inline)) __m256i int4_quad_sum_vnni(__m256i sum, __m256i first, __m256i second,
+                                                                            const int8_t *x) {
+    return dpbusd_quad(dpbusd_quad(sum, first, x), second, x + 16);
 }
+
+VNNI static inline __m256i int4_plane_dots_vnni(__m256i sum, int high) { return high ? _mm256_slli_epi32(sum, 7) : sum; }
 
 /* byte_dot_avx2's multiply-adds and add as one dpbusd. */
 VNNI static inline __m256i byte_dot_vnni(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
