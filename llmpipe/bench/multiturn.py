@@ -127,8 +127,8 @@ async def interleaved(chats: list[Chat], send, concurrency: int, seed: int) -> N
     a seeded random number (0 to len(chats)) of other turns have been taken, as users read and type
     between turns, so the server keeps every chat's prefix between its turns."""
     rng, queue = random.Random(f"{seed}/returns"), asyncio.PriorityQueue()
-    for chat in chats:
-        queue.put_nowait((float(chat.conversation), chat.conversation))
+    for index in range(len(chats)):
+        queue.put_nowait((float(index), index))
     taken, open_chats = 0, len(chats)
 
     async def worker() -> None:
