@@ -43,6 +43,7 @@ class DataParallelCoreClient:
         self._up = [True] * len(self.handles)
         self._owned: dict[str, _Owned] = {}
         self._loads = [0] * len(self.handles)
+        self._cache_blocks = [0] * len(self.handles)  # each replica's KV cache, as its stats last said
         self._tasks: list[asyncio.Task] = []
         self._on_step: OnStep | None = None
         self._stopping = False
@@ -118,6 +119,9 @@ class DataParallelCoreClient:
                         self.router.forget(replica)
                         self._up[replica] = True
                     self.replica_stats[replica] = step.stats
+                    if step.stats.num_blocks != self._cache_blocks[replica]:
+                        self._cache_blocks[replica] = step.stats.num_blocks
+                        self.router.fit(sum(self._cache_blocks))
                     self._deliver(replica, step.outputs)
             except asyncio.CancelledError:
                 if self._stopping or asyncio.current_task().cancelling():

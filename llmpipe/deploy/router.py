@@ -3,13 +3,17 @@
 Prefix-cache affinity (as SGLang's cache-aware router and llm-d's prefix-aware scheduler do): the
 router remembers which replica computed each prompt block, keyed like the engine's own prefix cache
 (the chain of block hashes), and sends a request to the replica holding its longest known prefix,
-unless that replica is busier than the least-loaded one by more than `slack` requests; then, and
-for a prefix nobody holds, to the least-loaded. Round-robin is the baseline it is measured against.
+if that prefix is at least `min_match` of the prompt's blocks and that replica is no busier than the
+least-loaded one plus `slack` requests. Any other request, a new conversation above all, goes to
+the replica with the fewest remembered blocks among those within the slack: the router remembers
+as many blocks as the replicas' caches hold (`fit`), so that count is each replica's share of
+recent prefixes, and new conversations fill the emptier cache instead of evicting from the fuller.
+Round-robin is the baseline affinity is measured against.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Protocol, Sequence
 
 from llmpipe.engine.block_pool import block_hash
@@ -24,6 +28,10 @@ class NoReplicaError(LLMPipeError):
 
 class Router(Protocol):
     def choose(self, token_ids: Sequence[int], loads: Loads) -> int: ...
+
+    def fit(self, capacity: int) -> None: ...
+
+    def forget(self, replica: int) -> None: ...
 
 
 def _up(loads: Loads) -> list[int]:
@@ -42,27 +50,55 @@ def prefix_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
 
 
 class PrefixAffinityRouter:
-    def __init__(self, block_size: int, slack: int = 4, capacity: int = 1 << 20):
-        self.block_size, self.slack, self.capacity = block_size, slack, capacity
+    def __init__(self, block_size: int, slack: int = 4, min_match: float = 0.5, capacity: int = 1 << 20):
+        self.block_size, self.slack, self.min_match, self.capacity = block_size, slack, min_match, capacity
         self.owners: OrderedDict[int, int] = OrderedDict()  # block hash → replica that last computed it (LRU)
+        self.remembered: Counter[int] = Counter()  # replica → its blocks in owners
 
     def choose(self, token_ids: Sequence[int], loads: Loads) -> int:
-        least = min(_up(loads), key=lambda i: loads[i])
+        up = _up(loads)
+        bound = min(loads[i] for i in up) + self.slack
         hashes = prefix_hashes(token_ids, self.block_size)
-        held = (self.owners[h] for h in reversed(hashes) if h in self.owners)
-        preferred = next((r for r in held if loads[r] is not None), None)
-        choice = preferred if preferred is not None and loads[preferred] <= loads[least] + self.slack else least
+        holder, matched = self._holder(hashes, loads)
+        if holder is not None and loads[holder] <= bound and matched >= self.min_match * len(hashes):
+            choice = holder
+        else:
+            choice = min((i for i in up if loads[i] <= bound), key=lambda i: (self.remembered[i], loads[i]))
         for h in hashes:
-            self.owners[h] = choice
-            self.owners.move_to_end(h)
-        while len(self.owners) > self.capacity:
-            self.owners.popitem(last=False)
+            self._own(h, choice)
+        self._trim()
         return choice
+
+    def fit(self, capacity: int) -> None:
+        """Remember as many blocks as the replicas' KV caches hold together."""
+        self.capacity = capacity
+        self._trim()
 
     def forget(self, replica: int) -> None:
         """A replica restarted with an empty cache."""
         for h in [h for h, r in self.owners.items() if r == replica]:
             del self.owners[h]
+        self.remembered[replica] = 0
+
+    def _holder(self, hashes: list[int], loads: Loads) -> tuple[int | None, int]:
+        """The replica (up) that computed the longest prefix of these blocks, and that prefix's length."""
+        for length in range(len(hashes), 0, -1):
+            replica = self.owners.get(hashes[length - 1])
+            if replica is not None and loads[replica] is not None:
+                return replica, length
+        return None, 0
+
+    def _own(self, block: int, replica: int) -> None:
+        previous = self.owners.get(block)
+        if previous is not None:
+            self.remembered[previous] -= 1
+            self.owners.move_to_end(block)
+        self.owners[block] = replica
+        self.remembered[replica] += 1
+
+    def _trim(self) -> None:
+        while len(self.owners) > self.capacity:
+            self.remembered[self.owners.popitem(last=False)[1]] -= 1
 
 
 class RoundRobinRouter:
@@ -74,6 +110,9 @@ class RoundRobinRouter:
         choice = next((i for i in up if i >= self.next), up[0])
         self.next = choice + 1
         return choice
+
+    def fit(self, capacity: int) -> None:
+        pass
 
     def forget(self, replica: int) -> None:
         pass

@@ -141,6 +141,7 @@ def test_each_turn_of_a_conversation_returns_to_the_replica_holding_its_prefix(c
     gained = sum(v - hits.get(r, 0) for r, v in per_replica(url, "llmpipe:prefix_cache_hits").items())
     # Turns 2 and 3 of both conversations find at least their first 4 blocks cached where they go.
     assert gained >= 2 * 2 * 4
+    assert client.router.capacity == 2 * 512  # the router remembers what the replicas' caches hold
 
 
 def test_a_killed_replica_fails_its_requests_the_other_carries_on_and_it_rejoins(cluster):

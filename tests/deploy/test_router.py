@@ -43,7 +43,8 @@ def test_replicas_that_are_down_get_nothing_and_forgetting_clears_affinity():
     assert router.choose(prompt, [0, 5]) == 0
     assert router.choose(prompt, [None, 5]) == 1
     router.forget(1)
-    assert router.choose(prompt, [0, 0]) == 0  # nobody holds it: the least loaded (first on ties)
+    assert router.remembered[1] == 0
+    assert router.choose(prompt, [0, 0]) == 0  # nobody holds it, nor anything else: the first
     with pytest.raises(NoReplicaError, match="no engine replica is up"):
         router.choose(prompt, [None, None])
 
@@ -54,11 +55,38 @@ def test_round_robin_takes_turns_among_the_replicas_that_are_up():
     assert [router.choose([1], [0, None, 0]) for _ in range(3)] == [2, 0, 2]
 
 
-def test_the_affinity_table_is_bounded():
-    router = PrefixAffinityRouter(BLOCK, capacity=10)
+def test_the_affinity_table_is_bounded_and_fits_the_replicas_caches():
+    router = PrefixAffinityRouter(BLOCK, capacity=30)
     for start in range(0, 400, 40):
         router.choose(list(range(start, start + 40)), [0, 0])
-    assert len(router.owners) == 10
+    assert len(router.owners) == 30
+    assert sorted(router.remembered.values()) == [10, 20]  # the last three prompts, 10 blocks each
+    router.fit(15)  # the replicas reported their caches: 15 blocks in all
+    assert len(router.owners) == 15 and sum(router.remembered.values()) == 15
+    assert list(router.owners)[-10:] == prefix_hashes(list(range(360, 400)), BLOCK)  # the oldest went first
+
+
+def test_new_conversations_fill_the_replica_that_remembers_fewer_blocks():
+    """Equal loads: a new prefix goes where fewer recent blocks live (SGLang's smallest tree), not by index."""
+    router = PrefixAffinityRouter(BLOCK)
+    long_chat, short_chat = list(range(1000, 1400)), list(range(2000, 2040))
+    assert router.choose(long_chat, [0, 0]) == 0
+    assert router.choose(short_chat, [0, 0]) == 1
+    assert router.choose(list(range(3000, 3040)), [0, 0]) == 1  # 10 blocks on 1 against 100 on 0
+    assert router.choose(list(range(4000, 4040)), [0, 5]) == 0  # replica 1 past the slack (5 > 0 + 4)
+    assert router.choose(list(range(5000, 5040)), [4, 0]) == 1  # within the slack, fewer blocks still wins
+    assert router.choose(list(range(6000, 6040)), [5, 0]) == 1  # past it: the least loaded
+
+
+def test_a_shared_opening_too_short_to_matter_does_not_bind_a_request():
+    """Prompts that share only their first block (an app's short system prompt) spread over the
+    replicas; a prompt whose held prefix is at least min_match of its blocks stays with its holder."""
+    router = PrefixAffinityRouter(BLOCK, min_match=0.5)
+    shared = [7, 7, 7, 7]
+    first = router.choose(shared + list(range(100, 136)), [0, 0])
+    second = router.choose(shared + list(range(200, 236)), [0, 0])
+    assert first != second  # 1 of 10 blocks held: placed by remembered blocks instead
+    assert router.choose(shared + list(range(100, 136)) + list(range(900, 936)), [0, 0]) == first  # 10 of 19
 
 
 def test_without_ray_data_parallel_serving_is_one_clear_error(tiny_path, monkeypatch, capsys):
