@@ -156,6 +156,8 @@ def add_bench_parser(sub) -> None:
     multiturn.add_argument("--max-tokens", type=int, default=16, help="tokens per assistant turn (ignore_eos)")
     multiturn.add_argument("--system-words", type=int, default=280,
                            help="words of each conversation's own system prompt (~300 tokens with SmolLM2's tokenizer)")
+    multiturn.add_argument("--shared-words", type=int, default=0,
+                           help="words of instructions every system prompt opens with (one application's chats)")
     multiturn.add_argument("--user-words", type=int, default=38, help="words per user turn (~40 tokens)")
     multiturn.add_argument("--seed", type=int, default=0)
     multiturn.add_argument("--timeout", type=float, default=600.0, help="seconds per request")

@@ -7,7 +7,8 @@ system prompt of its own, the earlier user and assistant turns, a new user messa
 run at once, each chat's turns one after another; or, with --interleave, every chat is open at once
 and --concurrency caps the turns in flight (the traffic of many users who read and type between
 turns: a server must keep every chat's prefix between its turns, which is where a cache shared by
-several replicas fills). The text is synthetic and seeded: the same
+several replicas fills). --shared-words opens every system prompt with the same instructions, as
+one application's chats do. The text is synthetic and seeded: the same
 arguments send the same requests. Measured: TTFT of the turns that could reuse a cached prefix
 (turn 2 on), output tokens/s, failures, and the prefix-cache hit rate, Δ llmpipe:prefix_cache_hits /
 Δ llmpipe:prefix_cache_queries over the run (summed over label sets: a data-parallel server has one
@@ -45,10 +46,14 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
 
 
-def system_prompt(seed: int, conversation: int, words: int) -> str:
-    """The conversation's own system prompt: it shares no 16-token block with another's."""
+def system_prompt(seed: int, conversation: int, words: int, shared_words: int = 0) -> str:
+    """The conversation's own system prompt: it shares no 16-token block with another's, unless it
+    opens with `shared_words` of instructions every conversation shares (an application's own)."""
     rng = random.Random(f"{seed}/{conversation}/system")
-    return f"You are assistant {conversation} of run {seed}. Keep this briefing in mind: {_text(rng, words)}"
+    own = f"You are assistant {conversation} of run {seed}. Keep this briefing in mind: {_text(rng, words)}"
+    if not shared_words:
+        return own
+    return f"Instructions for every assistant of run {seed}: {_text(random.Random(f'{seed}/shared'), shared_words)} {own}"
 
 
 def user_message(seed: int, conversation: int, turn: int, words: int) -> str:
@@ -86,7 +91,8 @@ class Chat:
 
     def __init__(self, args, conversation: int):
         self.conversation, self.results = conversation, []
-        self.messages = [{"role": "system", "content": system_prompt(args.seed, conversation, args.system_words)}]
+        system = system_prompt(args.seed, conversation, args.system_words, args.shared_words)
+        self.messages = [{"role": "system", "content": system}]
 
     async def take_turn(self, client: httpx.AsyncClient, url: str, model: str, args, progress: tqdm) -> bool:
         """The next turn sent and answered; whether another follows. A failed turn ends the chat (the
@@ -234,8 +240,8 @@ def main(args) -> dict:
     runs = [run_one(url, args) for url in [args.url, *([args.compare] if args.compare else [])]]
     report: dict = {
         "config": {key: getattr(args, key) for key in (
-            "url", "compare", "conversations", "turns", "concurrency", "interleave", "max_tokens", "system_words",
-            "user_words", "seed")},
+            "url", "compare", "conversations", "turns", "concurrency", "interleave", "max_tokens", "shared_words",
+            "system_words", "user_words", "seed")},
         "runs": runs,
     }
     for run in runs:

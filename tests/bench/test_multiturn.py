@@ -89,6 +89,14 @@ def test_messages_are_seeded_and_conversations_share_no_prefix():
     assert a[:40] != b[:40] and len(a.split()) > 50
 
 
+def test_shared_instructions_open_every_system_prompt_and_the_rest_stays_each_ones_own():
+    a, b = system_prompt(0, 1, 50, shared_words=30), system_prompt(0, 2, 50, shared_words=30)
+    opening = a[: a.index(" You are assistant")]
+    assert b.startswith(opening) and len(opening.split()) > 30
+    assert a[len(opening):] == " " + system_prompt(0, 1, 50) and b[len(opening):] == " " + system_prompt(0, 2, 50)
+    assert not system_prompt(1, 1, 50, shared_words=30).startswith(opening)  # seeded by the run
+
+
 def schedule(order, chats: int, turns: int, concurrency: int) -> tuple[list[int], int, int]:
     """The conversations in the order their turns were sent, the most turns in flight at once, and
     the most conversations open (begun, not finished) at once, under a fake server."""
