@@ -17,6 +17,8 @@ from typing import Any, Callable
 
 from llmpipe.errors import LLMPipeError
 
+CLOSE_TIMEOUT_S = 10.0
+
 
 def require_ray():
     try:
@@ -147,6 +149,7 @@ def data_parallel_client(options: argparse.Namespace, before_step: Callable[[], 
     from llmpipe.deploy.client import DataParallelCoreClient
     from llmpipe.deploy.router import make_router
 
+    require_ray()  # outside the try: a Ray half imported (Ctrl-C meanwhile) cannot be stopped
     router = make_router(options.routing, options.block_size)
     try:
         return DataParallelCoreClient.connect(start_replicas(options, before_step), router)
@@ -155,7 +158,14 @@ def data_parallel_client(options: argparse.Namespace, before_step: Callable[[], 
         raise
 
 
-def stop_replicas() -> None:
+def stop_replicas(handles: list = ()) -> None:
+    """Serve and Ray shut down; the replicas' step streams (`handles`) ended first, else Serve would
+    wait out each replica's graceful-shutdown timeout (20 s) for them."""
     ray, serve = require_ray()
+    for handle in handles:
+        try:
+            handle.close.remote().result(timeout_s=CLOSE_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a replica that is down has no stream to end
+            pass
     serve.shutdown()
     ray.shutdown()

@@ -70,16 +70,22 @@ class EngineReplica:
         self.client.abort([tuple(t) for t in targets])
 
     async def steps(self) -> AsyncIterator[bytes]:
-        """Every step from now on (first a snapshot of the stats): what a front end follows."""
+        """Every step from now on (first a snapshot of the stats), until `close`: what a front end follows."""
         self._start()
         queue: asyncio.Queue = asyncio.Queue()
         self._subscribers.add(queue)
         try:
             yield encoder.encode(ReplicaStep(EngineCoreOutputs([], 0.0), self.stats, died=self.dead))
-            while self.dead is None:
-                yield await queue.get()
+            while self.dead is None and (payload := await queue.get()) is not None:
+                yield payload
         finally:
             self._subscribers.discard(queue)
+
+    async def close(self) -> None:
+        """End the step streams: Serve's graceful shutdown waits for every call in progress, and a
+        front end that is itself stopping has nothing left to follow."""
+        for queue in self._subscribers:
+            queue.put_nowait(None)
 
     def check_health(self) -> None:
         """Ray Serve's probe: a replica whose engine died is restarted."""

@@ -142,7 +142,7 @@ class ProcessCoreClient:
             self.info: CoreInfo = self._wait_for(READY)
             self.stats: EngineStats = self._wait_for(OUTPUTS)
         except BaseException:
-            self.close()
+            self.close(timeout=0)  # a core still loading has nothing to finish: SIGTERM at once
             raise
 
     def _wait_for(self, kind: bytes):

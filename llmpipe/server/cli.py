@@ -61,6 +61,11 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
     llmpipe/deploy/), then serve HTTP from this one until SIGINT / SIGTERM, or until the core dies (then every request in flight gets an error and the server exits with status 1,
     for a supervisor to restart it). `before_step`: see CoreLoop (tests pace the engine with it);
     it runs in the core process, so it must be picklable."""
+    # SIGINT or SIGTERM while loading stops it as Ctrl-C does (KeyboardInterrupt unwinds what has
+    # started), even where SIGINT came in ignored (a script's background job): uvicorn honours both
+    # once serving, so the signals mean the same before that.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     import uvicorn
 
     from llmpipe.cli import engine_kwargs
@@ -93,7 +98,10 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
     if args.data_parallel_size > 1:
         from llmpipe.deploy.ray import data_parallel_client, stop_replicas
 
-        client, close = data_parallel_client(args, before_step), stop_replicas
+        client = data_parallel_client(args, before_step)
+
+        def close() -> None:
+            stop_replicas(client.handles)
     else:
         client = ProcessCoreClient(config, before_step)
         close = client.close

@@ -52,12 +52,14 @@ def cluster(tiny_path):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})  # Serve's proxy: for the Serve application's test
     options = serve_options({"model": tiny_path, "data_parallel_size": 2, "num_threads": 1, "max_num_blocks": 512})
+    handles = []
     try:
-        client = DataParallelCoreClient.connect(start_replicas(options, paced(0.01)), make_router("prefix", BLOCK))
+        handles = start_replicas(options, paced(0.01))
+        client = DataParallelCoreClient.connect(handles, make_router("prefix", BLOCK))
         with live_server(AsyncEngine(client, load_checkpoint(tiny_path).tokenizer, 512)) as url:
             yield url, client, f"http://127.0.0.1:{port}"
     finally:
-        stop_replicas()
+        stop_replicas(handles)
 
 
 def free_port() -> int:

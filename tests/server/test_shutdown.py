@@ -8,6 +8,7 @@ finish within the drain on any machine, and the short one has seconds to spare."
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -93,3 +94,27 @@ def wait_for_health(url: str, status: int) -> httpx.Response:
             return response
         assert time.monotonic() < deadline, f"/health never answered {status}"
         time.sleep(0.02)
+
+
+# `llmpipe serve` whose model load signals its own process, as a Ctrl-C or a supervisor's SIGTERM
+# would while it loads; SIGINT comes in ignored, as a script's background job (`cmd &`) inherits it.
+INTERRUPTED_WHILE_LOADING = """
+import os, signal, sys, time
+import llmpipe.loader
+from llmpipe.cli import main
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+def loading(path):
+    os.kill(os.getpid(), int(os.environ["SIGNAL"]))
+    time.sleep(60)
+llmpipe.loader.load_checkpoint = loading
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_while_loading_stops_the_server_at_once(tiny_path, sig):
+    args = ["serve", "--model", tiny_path, "--port", str(free_port())]
+    done = subprocess.run([sys.executable, "-c", INTERRUPTED_WHILE_LOADING, *args], capture_output=True, text=True,
+                          env={**os.environ, "SIGNAL": str(int(sig))}, timeout=50)
+    assert done.returncode == 130 and done.stderr.strip().splitlines()[-1] == "llmpipe: interrupted", done.stderr
+    assert "Traceback" not in done.stderr
