@@ -99,13 +99,13 @@ def wait_for_health(url: str, status: int) -> httpx.Response:
 # `llmpipe serve` whose model load signals its own process, as a Ctrl-C or a supervisor's SIGTERM
 # would while it loads; SIGINT comes in ignored, as a script's background job (`cmd &`) inherits it.
 INTERRUPTED_WHILE_LOADING = """
-import os, signal, sys, time
+import os, signal, sys
 import llmpipe.loader
 from llmpipe.cli import main
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 def loading(path):
     os.kill(os.getpid(), int(os.environ["SIGNAL"]))
-    time.sleep(60)
+    signal.pause()  # where the signal went unheard, loading never ends (the test's timeout ends it)
 llmpipe.loader.load_checkpoint = loading
 sys.exit(main(sys.argv[1:]))
 """
