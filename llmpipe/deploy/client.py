@@ -19,7 +19,7 @@ from llmpipe.engine.core import CoreInfo, EngineStats
 from llmpipe.engine.core_client import OnDeath, OnStep
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.deploy.replica import encoder, info_decoder, step_decoder
-from llmpipe.deploy.router import NoReplicaError, PrefixAffinityRouter, RoundRobinRouter
+from llmpipe.deploy.router import NoReplicaError, Router
 from llmpipe.errors import LLMPipeError
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ class _Owned:
 
 class DataParallelCoreClient:
     def __init__(self, handles: Sequence[Any], infos: Sequence[CoreInfo], stats: Sequence[EngineStats],
-                 router: PrefixAffinityRouter | RoundRobinRouter) -> None:
+                 router: Router) -> None:
         """handles: one Ray Serve DeploymentHandle per replica; infos and stats: their first answers
         (see `connect` / `aconnect`)."""
         self.handles, self.router = list(handles), router

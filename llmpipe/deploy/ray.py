@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from llmpipe.errors import LLMPipeError
 
@@ -158,7 +158,7 @@ def data_parallel_client(options: argparse.Namespace, before_step: Callable[[], 
         raise
 
 
-def stop_replicas(handles: list = ()) -> None:
+def stop_replicas(handles: Sequence[Any] = ()) -> None:
     """Serve and Ray shut down; the replicas' step streams (`handles`) ended first, else Serve would
     wait out each replica's graceful-shutdown timeout (20 s) for them."""
     ray, serve = require_ray()

@@ -121,7 +121,7 @@ class RoundRobinRouter:
 ROUTERS = {"prefix": PrefixAffinityRouter, "round_robin": RoundRobinRouter}
 
 
-def make_router(name: str, block_size: int) -> PrefixAffinityRouter | RoundRobinRouter:
+def make_router(name: str, block_size: int) -> Router:
     if name not in ROUTERS:
         raise LLMPipeError(f"routing must be one of {', '.join(ROUTERS)}, got {name!r}")
     return PrefixAffinityRouter(block_size) if name == "prefix" else RoundRobinRouter()
