@@ -155,7 +155,15 @@ async def _unless_disconnected(request: Request, work):
     if task in done:
         return task.result()
     task.cancel()
+    # A cancelled gather ends with its CancelledError set as an exception (not as cancelled): unless
+    # it is retrieved, asyncio logs "exception was never retrieved" at ERROR for every hang-up.
+    task.add_done_callback(_retrieve)
     return None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _disconnected(request: Request) -> None:
