@@ -27,7 +27,8 @@ class Admission:
             raise InvalidRequestError("stop strings need a tokenizer; this model has none", param="stop")
         if params.structured_outputs is not None and self.tokenizer is None:
             raise InvalidRequestError("structured outputs need a tokenizer; this model has none", param="structured_outputs")
-        check_structured_outputs(params.structured_outputs)
+        params.structured_outputs = check_structured_outputs(params.structured_outputs)  # GBNF: as Lark
+        _check_min_tokens(params)
         params.check_token_ids(self.vocab_size)
         return text, token_ids
 
@@ -67,3 +68,18 @@ class Admission:
             raise InvalidRequestError(
                 f"prompt_token_ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}", param="prompt"
             )
+
+
+def _check_min_tokens(params: SamplingParams) -> None:
+    """min_tokens that no output of a choice can reach (every token spells at least one byte) is
+    refused; where the constraint's longest output is not known here, the grammar's end outranks
+    min_tokens (the output ends there, stop_reason "grammar_end")."""
+    spec = params.structured_outputs
+    if spec is None or spec.choice is None or not params.min_tokens:
+        return
+    longest = max(len(choice.encode("utf-8")) for choice in spec.choice)
+    if params.min_tokens > longest:
+        raise InvalidRequestError(
+            f"min_tokens ({params.min_tokens}) is more than the longest choice can take ({longest} bytes, "
+            f"at most {longest} tokens)", param="min_tokens",
+        )

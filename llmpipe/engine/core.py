@@ -44,7 +44,8 @@ from llmpipe.spec import Proposal, Proposer, verify
 from llmpipe.spec.draft import DraftProposer
 from llmpipe.spec.ngram import NgramProposer
 from llmpipe.structured_output import StructuredOutputManager
-from llmpipe.structured_output.manager import GrammarError
+from llmpipe.structured_output.bitmask import any_token_left
+from llmpipe.structured_output.manager import GRAMMAR_END, GrammarExhausted
 
 logger = logging.getLogger(__name__)
 GRAMMAR_WAIT_S = 0.05  # a step with only requests whose grammars compile waits this long at most
@@ -142,7 +143,7 @@ class EngineCore:
             self.runner: Runner = ModelRunner(self.model, config, num_blocks, self.kv_layout)
         self.proposer = self._build_proposer(progress)
         self.spec_stats = SpecDecodeStats()
-        self.step_costs = StepCosts(config.max_decode_stall)
+        self.step_costs = StepCosts(config.max_decode_stall, config.max_num_seqs)
         self.admission = Admission(None, config.max_model_len, config.model_config.vocab_size)
         self.requests: dict[str, Request] = {}
         self.num_prefill_tokens = 0
@@ -492,6 +493,8 @@ class EngineCore:
         banned: list[int] = []
         if len(output) < seq.params.min_tokens:
             banned = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(self.eos_token_ids))
+            if bitmask is not None and not any_token_left(bitmask, banned):
+                banned = []  # the grammar can only end here: its end outranks min_tokens (GRAMMAR_END)
         return SamplingRow(seq.params, seq.generator, seq.prompt_token_ids, output, banned, bitmask)
 
     def _append_token(self, seq: Sequence, token: int) -> None:
@@ -499,8 +502,11 @@ class EngineCore:
         seq.append_token(token)
         try:
             self.structured.advance(seq, token)
-        except GrammarError as err:
-            seq.fail(str(err))
+        except GrammarExhausted as err:
+            # The token was one the grammar allowed: its parser ran out of llguidance's limits. The
+            # output so far is a valid prefix, cut short by a limit as max_tokens would cut it.
+            logger.warning("request %s: %s; its output ends here", seq.request_id, err)
+            seq.finish("length")
             return
         params = seq.params
         may_stop = len(seq.output_token_ids) >= params.min_tokens
@@ -508,8 +514,9 @@ class EngineCore:
             seq.finish("stop", token)
         elif may_stop and not params.ignore_eos and token in self.eos_token_ids:
             seq.finish("stop")
-        elif may_stop and token in self.eos_token_ids and self.structured.is_complete(seq):
-            seq.finish("stop")  # ignore_eos, but the grammar has ended: it allowed nothing but EOS
+        elif token in self.eos_token_ids and self.structured.is_complete(seq):
+            # ignore_eos, or under min_tokens, but the grammar has ended: it allowed nothing but EOS
+            seq.finish("stop", None if may_stop else GRAMMAR_END)
         elif params.max_tokens is not None and len(seq.output_token_ids) >= params.max_tokens:
             seq.finish("length")
         elif seq.num_tokens >= self.config.max_model_len:

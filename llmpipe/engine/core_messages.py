@@ -28,7 +28,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_token_ids: list[int]
     new_logprobs: list[RawLogprob] | None = None
     finish_reason: str | None = None  # "stop" (EOS or a stop token) | "length" | "abort" | "error"
-    stop_reason: int | None = None  # the stop token id that ended it
+    stop_reason: int | str | None = None  # the stop token id that ended it, or GRAMMAR_END
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     first_scheduled_time: float | None = None  # set on the request's first output after scheduling

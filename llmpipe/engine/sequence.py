@@ -35,7 +35,7 @@ class Sequence:
     num_cached_tokens: int = 0  # of those, served by the prefix cache at admission
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_reason: int | str | None = None
     error: str | None = None  # why it finished with "error"
     num_sent: int = 0  # output tokens already handed to the front end
     new_logprobs: list[RawLogprob] | None = None  # of the tokens not yet sent (when logprobs were asked)
@@ -79,7 +79,7 @@ class Sequence:
         """More than the newest token still lacks K/V (a prompt, or a resumed preempted sequence)."""
         return self.num_tokens - self.num_computed_tokens > 1
 
-    def finish(self, reason: str, stop_reason: int | None = None) -> None:
+    def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.finish_reason, self.stop_reason = reason, stop_reason
         self.status = SequenceStatus.FINISHED
 

@@ -57,7 +57,9 @@ def _one_of(description: str) -> WrapValidator:
             closest = min(took, key=lambda errors: (sum(map(_type_error, errors)), len(errors)))
             error = next(e for e in closest if _took_shape(e))
             where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"][1:])
-            message = f"{where}: {{msg}}" if where else "{msg}"
+            # a union inside a union ("input[0].call_id") already starts its message with its path
+            separator = "" if error["msg"].startswith((".", "[")) else ": "
+            message = f"{where}{separator}{{msg}}" if where else "{msg}"
             raise PydanticCustomError(error["type"], message, {"msg": error["msg"]}) from None
 
     return WrapValidator(validate)
@@ -275,8 +277,7 @@ class SamplingFields(_Body):
         if not asked:
             return None
         name, spec = asked[0]
-        check_structured_outputs(spec, name)
-        return spec
+        return check_structured_outputs(spec, name)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises InvalidRequestError naming the field and its limit."""
@@ -431,6 +432,9 @@ class ChatMessage(_Body):
         super().check_supported()
         if self.tool_calls and self.role != "assistant":
             raise InvalidRequestError("tool_calls: only assistant messages make tool calls", param="tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:  # as OpenAI: a result must name its call
+            raise InvalidRequestError("tool_call_id: required in tool messages", param="tool_call_id",
+                                      code="missing_required_parameter")
         for i, call in enumerate(self.tool_calls or []):
             try:
                 call.check_arguments()

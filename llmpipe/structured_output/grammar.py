@@ -1,10 +1,16 @@
-"""A StructuredOutputsParams as llguidance grammar text, and its check at admission (a 400 naming
-the field, before the request reaches the engine core)."""
+"""A StructuredOutputsParams as llguidance grammar text, the bounds every constraint is held to
+before anything native compiles it, and its check at admission (a 400 naming the field, before the
+request reaches the engine core).
+
+A constraint is untrusted input that a native compiler recurses over: the check runs in a worker
+process (structured_output/sandbox.py), so a constraint that overflows the compiler's stack, or
+runs past the deadline, fails its own request and nothing else."""
 
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+import re
+from dataclasses import replace
 
 import llguidance
 
@@ -20,6 +26,27 @@ JSON_WHITESPACE = r"(?: |\n[ \t]{0,20})?"
 _FORMATS = {"json": "json_schema", "json_object": "json_schema", "regex": "regex", "choice": "choice",
             "grammar": "grammar"}  # → llguidance.grammar_from's format; "grammar": GBNF, EBNF or Lark
 
+# Bounds checked in Python before a constraint reaches a compiler. Generous for real schemas and
+# grammars (tool schemas nest < 30 deep; llama.cpp's GBNF files have < 300 rules); what lies past
+# them only costs time and stack. GBNF's conversion to Lark is quadratic in its rules (5,000 rules:
+# 1.6 s), and a compile's stack grows with the depth of $ref chains and rule chains.
+MAX_CONSTRAINT_CHARS = 256 * 1024
+MAX_GRAMMAR_RULES = 5_000
+MAX_SCHEMA_DEPTH = 128  # nesting of a JSON schema, counted through its $refs
+# Below llguidance's own ceilings (500,000 symbols; u16 symbol ids, whose overflow is a panic).
+MAX_GRAMMAR_SYMBOLS = 60_000
+# Where a constraint compiles: on a thread this large (a compile recurses in native code; the engine
+# core's compile threads get twice it, a margin over the front end's check) and this nice (the
+# engine's own threads come first).
+CHECK_STACK_BYTES = 256 * 2**20
+COMPILE_NICE = 10
+_RULE = re.compile(r"^[ \t]*[A-Za-z_?!][\w.-]*[ \t]*(?:::=|:(?!:))", re.MULTILINE)
+
+
+def parser_limits() -> llguidance.LLParserLimits:
+    """The limits every compile and matcher runs under (one definition, front end and core alike)."""
+    return llguidance.LLParserLimits(max_grammar_size=MAX_GRAMMAR_SYMBOLS, verbose_errors=False)
+
 
 def grammar_key(spec: StructuredOutputsParams) -> GrammarKey:
     if spec.json_object:
@@ -34,8 +61,61 @@ def grammar_key(spec: StructuredOutputsParams) -> GrammarKey:
     return kind, getattr(spec, kind), False
 
 
+def check_bounds(key: GrammarKey) -> None:
+    """ValueError when the constraint is past a bound (size, rule count, schema depth)."""
+    kind, text, _ = key
+    if len(text) > MAX_CONSTRAINT_CHARS:
+        raise ValueError(f"{len(text):,} characters, over the limit of {MAX_CONSTRAINT_CHARS:,}")
+    if kind == "grammar":
+        rules = len(_RULE.findall(text))
+        if rules > MAX_GRAMMAR_RULES:
+            raise ValueError(f"{rules:,} rules, over the limit of {MAX_GRAMMAR_RULES:,}")
+    elif kind == "json":
+        depth = schema_depth(json.loads(text), MAX_SCHEMA_DEPTH)
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"nested more than {MAX_SCHEMA_DEPTH} deep (counting through $ref)")
+
+
+def schema_depth(schema: object, limit: int) -> int:
+    """How deep a JSON schema nests, following local $refs ("#/...") into what they point at; a $ref
+    back into its own chain (a recursive schema) adds nothing. Stops counting past `limit`."""
+    memo: dict[str, int] = {}
+
+    def depth(node: object, chain: tuple[str, ...]) -> int:
+        if len(chain) > limit + 1:  # the chain starts with the root, "#"
+            return limit + 1
+        if isinstance(node, list):
+            return max((depth(item, chain + ("",)) for item in node), default=0) + 1
+        if not isinstance(node, dict):
+            return 0
+        deepest = max((depth(value, chain + ("",)) for value in node.values()), default=0) + 1
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#") and ref not in chain:
+            if ref not in memo:
+                memo[ref] = depth(_resolve(schema, ref), chain + (ref,))
+            deepest = max(deepest, memo[ref])  # the $ref's own level counted above
+        return deepest
+
+    return depth(schema, ("#",))
+
+
+def _resolve(schema: object, ref: str) -> object:
+    """What a local JSON pointer ("#/$defs/a") names; None if nothing."""
+    node = schema
+    for part in ref[1:].split("/")[1:] if ref != "#" else ():
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
 def grammar_text(key: GrammarKey) -> str:
-    """llguidance's grammar for the key; ValueError if it does not build."""
+    """llguidance's grammar for the key; ValueError if it does not build or is past a bound."""
+    check_bounds(key)
     kind, text, flexible = key
     if _FORMATS[kind] != "json_schema":
         return llguidance.grammar_from(_FORMATS[kind], text)
@@ -46,26 +126,24 @@ def grammar_text(key: GrammarKey) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=whitespace)
 
 
-@lru_cache(maxsize=256)
-def _problem(key: GrammarKey) -> str | None:
-    """Why the key's grammar does not compile, or None."""
-    try:
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar_text(key))
-    except ValueError as err:
-        return str(err)
-    return messages[0].strip() if is_error else None
-
-
-def check_structured_outputs(spec: StructuredOutputsParams | None, field: str | None = None) -> None:
-    """Whether the constraint compiles (a bad regex, an invalid or unsatisfiable schema, a grammar
-    that does not parse): InvalidRequestError naming `field` (default `structured_outputs.<kind>`) if not."""
+def check_structured_outputs(spec: StructuredOutputsParams | None, field: str | None = None) -> StructuredOutputsParams | None:
+    """The constraint as the engine core should get it, checked in the sandbox: a bad regex, an
+    invalid or unsatisfiable schema, a grammar that does not parse, matches nothing or can never end,
+    one past a bound or that crashes or outlasts the compiler are InvalidRequestError naming `field`
+    (default `structured_outputs.<kind>`). A GBNF grammar comes back as its Lark form, so that the
+    core does not convert it again."""
     if spec is None:
-        return
+        return None
+    from llmpipe.structured_output.sandbox import grammar_sandbox  # a worker process, started on first use
+
     key = grammar_key(spec)
-    problem = _problem(key)
-    if problem is not None:
+    verdict = grammar_sandbox().check(key)
+    if verdict.problem is not None:
         field = field or f"structured_outputs.{key[0]}"
-        raise InvalidRequestError(f"{field}: invalid {_WHAT[key[0]]}: {problem}", param=field)
+        raise InvalidRequestError(f"{field}: invalid {_WHAT[key[0]]}: {verdict.problem}", param=field)
+    if verdict.lark is not None and verdict.lark != spec.grammar:
+        return replace(spec, grammar=verdict.lark)
+    return spec
 
 
 _WHAT = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",

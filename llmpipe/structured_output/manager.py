@@ -1,7 +1,8 @@
 """StructuredOutputManager: the engine core's side of structured outputs (vLLM v1's shape).
 
 Each request's constraint compiles on a small thread pool, cached by what it is, so the step never
-waits for it: the scheduler holds the request back until its grammar is ready (`is_ready`). Every
+waits for it (the pool's threads run at a low priority, so a long compile yields the cores to the
+step, and on large stacks under llguidance's limits, as the front end's sandbox checked it): the scheduler holds the request back until its grammar is ready (`is_ready`). Every
 constrained sample gets its own matcher, a copy of the compiled one; `fill_bitmasks` fills the
 allowed-token bitmasks of a whole batch in one llguidance call (its threads, the GIL released),
 `advance` moves a sample's matcher on by each token it emits, and `fill_bitmasks_through_drafts`
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -24,7 +26,9 @@ import numpy as np
 
 from llmpipe.errors import InvalidRequestError
 from llmpipe.sampling_params import SamplingParams
-from llmpipe.structured_output.grammar import GrammarKey, grammar_key, grammar_text
+from llmpipe.structured_output.grammar import (
+    CHECK_STACK_BYTES, COMPILE_NICE, GrammarKey, grammar_key, grammar_text, parser_limits,
+)
 from llmpipe.structured_output.vocabulary import grammar_vocabulary
 from llmpipe.tokenizer import Tokenizer
 
@@ -33,10 +37,18 @@ if TYPE_CHECKING:
 
 CACHE_SIZE = 256  # compiled grammars kept (tool-call schemas repeat across requests)
 COMPILE_THREADS = 2
+COMPILE_STACK_BYTES = 2 * CHECK_STACK_BYTES  # a margin over the stack the front end's check ran on
+
+
+GRAMMAR_END = "grammar_end"  # stop_reason of an output its grammar ended before min_tokens
 
 
 class GrammarError(Exception):
-    """A sample's constraint failed: its grammar did not compile, or it rejected a token."""
+    """A sample's constraint failed: its grammar did not compile."""
+
+
+class GrammarExhausted(GrammarError):
+    """A token the grammar allowed ran its parser out of llguidance's limits: no token can follow."""
 
 
 class StructuredOutputManager:
@@ -47,7 +59,7 @@ class StructuredOutputManager:
         self.words = (vocab_size + 31) // 32  # int32 words per bitmask row
         self._vocabulary: llguidance.LLTokenizer | None = None
         self._vocabulary_lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: CompilePool | None = None
         self._executor: llguidance.LLExecutor | None = None
         self._compiled: OrderedDict[GrammarKey, Future[llguidance.LLMatcher]] = OrderedDict()
         self._requests: dict[str, Future[llguidance.LLMatcher]] = {}  # request id → its compiled grammar
@@ -139,10 +151,12 @@ class StructuredOutputManager:
         return list(bitmask)
 
     def advance(self, seq: Sequence, token: int) -> None:
-        """Move seq's matcher past the token it emitted; GrammarError if the grammar rejects it."""
+        """Move seq's matcher past the token it emitted (one its bitmask allowed); GrammarExhausted if
+        the parser cannot take it within its limits."""
         matcher = self._matchers.get(seq)
         if matcher is not None and not matcher.consume_token(token):
-            raise GrammarError(f"structured_outputs: the grammar rejected token {token}: {matcher.get_error()}")
+            error = matcher.get_error().strip().splitlines()
+            raise GrammarExhausted(f"the grammar's parser stopped at token {token}: {error[0] if error else '?'}")
 
     def is_complete(self, seq: Sequence) -> bool:
         """The grammar has ended: no token but EOS may follow (so a constrained sample ends with
@@ -163,14 +177,14 @@ class StructuredOutputManager:
         return future
 
     def _build(self, key: GrammarKey) -> llguidance.LLMatcher:
-        matcher = llguidance.LLMatcher(self._vocabulary_for(), grammar_text(key), log_level=0)
+        matcher = llguidance.LLMatcher(self._vocabulary_for(), grammar_text(key), log_level=0, limits=parser_limits())
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
         return matcher
 
-    def _pool_for(self) -> ThreadPoolExecutor:
+    def _pool_for(self) -> CompilePool:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="grammar")
+            self._pool = CompilePool(COMPILE_THREADS, COMPILE_STACK_BYTES, COMPILE_NICE)
         return self._pool
 
     def _vocabulary_for(self) -> llguidance.LLTokenizer:
@@ -188,4 +202,44 @@ class StructuredOutputManager:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
+
+
+class CompilePool:
+    """Daemon threads with a stack of `stack_bytes` (a grammar compile recurses in native code) and
+    a nice value of their own (Linux schedules threads one by one), running submitted calls."""
+
+    def __init__(self, threads: int, stack_bytes: int, nice: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Future, Callable, tuple] | None] = queue.SimpleQueue()
+        self._nice = nice
+        previous = threading.stack_size(stack_bytes)
+        try:
+            self._threads = [threading.Thread(target=self._serve, name=f"grammar-{i}", daemon=True)
+                             for i in range(threads)]
+            for thread in self._threads:
+                thread.start()
+        finally:
+            threading.stack_size(previous)
+
+    def submit(self, fn: Callable, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def _serve(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
+        except (AttributeError, OSError):  # not Linux: the thread keeps the process's priority
+            pass
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - the future carries it to the request
+                future.set_exception(err)
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)

@@ -193,13 +193,21 @@ def test_an_invalid_constraint_is_refused_at_admission_naming_the_field(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
-def test_a_dead_end_fails_that_request_alone_with_a_clear_error(llm):
-    """min_tokens bans EOS where the choice has ended: no token is left (sampling it would draw from NaNs)."""
-    dead = constrained(choice=["ab"], min_tokens=8)
+def test_min_tokens_past_every_choice_is_refused_at_admission(llm):
+    """No output of ["yes", "no"] has 50 tokens (each token spells at least one byte): a 400, not a failed step."""
+    with pytest.raises(InvalidRequestError, match="min_tokens") as err:
+        llm.generate(["x"], constrained(choice=["yes", "no"], min_tokens=50))
+    assert err.value.param == "min_tokens"
+
+
+def test_the_grammars_end_outranks_min_tokens_and_says_so(llm):
+    """min_tokens bans EOS, but the grammar allows nothing else: the output ends with the grammar
+    (stop_reason "grammar_end"), where it used to fail; the request beside it is untouched."""
+    short = constrained(regex="ab", min_tokens=8)
     fine = constrained(choice=["ab", "cd"])
-    outputs = generate_each(llm, [("x", dead), ("y", fine)])
-    failed = outputs[0].outputs[0]
-    assert failed.finish_reason == "error" and "dead end" in failed.error
+    outputs = generate_each(llm, [("x", short), ("y", fine)])
+    ended = outputs[0].outputs[0]
+    assert (ended.finish_reason, ended.stop_reason, ended.text) == ("stop", "grammar_end", "ab")
     assert outputs[1].outputs[0].finish_reason == "stop" and outputs[1].outputs[0].text in ("ab", "cd")
 
 
