@@ -116,9 +116,18 @@ def install_error_handlers(app: FastAPI) -> None:
             logger.error("request failed: %s", err)
         return JSONResponse(llmpipe_error_body(err), status_code=status)
 
+    @app.exception_handler(RecursionError)
+    async def _too_deep(request: Request, err: RecursionError) -> JSONResponse:
+        # Bodies are capped in depth before anything recurses over them (input_processor.MAX_JSON_DEPTH),
+        # so this is a request nested past some other code's reach: still the request's shape, not a fault.
+        logger.warning("a request to %s recursed too deep: %s", request.url.path, err)
+        return error_response(400, "the request is nested too deeply to process", code="invalid_value")
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, err: HTTPException) -> JSONResponse:
-        return error_response(err.status_code, str(err.detail))
+        response = error_response(err.status_code, str(err.detail))
+        response.headers.update(err.headers or {})  # 405's Allow (RFC 9110), 401's WWW-Authenticate
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

@@ -26,12 +26,18 @@ from llmpipe.server.protocol import (
     DetokenizeRequest,
     ResponsesRequest,
     TokenizeRequest,
-    template_tools,
 )
-from llmpipe.server.tool_calling import tool_calling
+from llmpipe.server.tool_calling import template_input, tool_calling
 from llmpipe.tokenizer import Tokenizer
 
 JSON_SLICE = 65_536  # list items rendered per json.dumps call in a long reply
+# Deepest nesting of arrays and objects a body may have. Python's json.loads fails at ~1,000 levels
+# (RecursionError), and what recurses over a body after it (pydantic, Jinja's tojson in the chat
+# template, llguidance compiling a schema) may take several frames a level; 128 is serde_json's
+# default limit, leaving them room many times over, and far beyond any real request (OpenAI's
+# structured outputs allow 10 levels of schema nesting, some 25 levels of JSON).
+MAX_JSON_DEPTH = 128
+CONTAINERS = (list, dict)  # what json.loads nests
 RESERVED_TEMPLATE_VARIABLES = frozenset({"messages", "add_generation_prompt", "tools"})
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -106,10 +112,9 @@ class InputProcessor:
             raise InvalidRequestError(
                 f"chat_template_kwargs: {sorted(reserved)[0]!r} is set by the request itself", param="chat_template_kwargs"
             )
-        messages = [m.as_template_input() for m in body.messages]
-        text = self.tokenizer().apply_chat_template(
-            messages, add_generation_prompt=body.add_generation_prompt, tools=template_tools(body.tools), **kwargs
-        )
+        tokenizer = self.tokenizer()
+        messages, tools = template_input(body, self.tool_call_parser, tokenizer.chat_template)
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, tools=tools, **kwargs)
         unbounded = isinstance(body, TokenizeRequest) or body.truncate_prompt_tokens is not None
         return {"prompt": text, "prompt_token_ids": self.encode(text, add_special_tokens, "messages", unbounded)}
 
@@ -211,7 +216,39 @@ def parse_body(model: type[Body], raw: bytes) -> Body:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise InvalidRequestError(f"malformed JSON body: {err}", code="invalid_json") from None
+    except RecursionError:  # far over the cap
+        raise _too_deep() from None
+    if not _within_depth(data, raw):
+        raise _too_deep()
     return validate_body(model, data)
+
+
+def _too_deep() -> InvalidRequestError:
+    return InvalidRequestError(f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", code="invalid_json")
+
+
+def _within_depth(data: object, raw: bytes) -> bool:
+    """Whether `data` nests at most MAX_JSON_DEPTH arrays / objects deep; a level at a time, with no
+    recursion of its own (and at once for a body with fewer brackets than the cap)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return True
+    level = [data] if type(data) in CONTAINERS else []
+    for _ in range(MAX_JSON_DEPTH):
+        if not level:
+            return True
+        level = _nested(level)
+    return not level
+
+
+def _nested(level: list) -> list:
+    """The arrays and objects directly inside those of `level`; a long list of scalars is skipped at C speed."""
+    inside = []
+    for node in level:
+        items = node.values() if type(node) is dict else node
+        if len(items) > 32 and list not in (kinds := set(map(type, items))) and dict not in kinds:
+            continue
+        inside += [item for item in items if type(item) in CONTAINERS]
+    return inside
 
 
 def validate_body(model: type[Body], data: object) -> Body:

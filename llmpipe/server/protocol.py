@@ -277,7 +277,8 @@ class SamplingFields(_Body):
         if not asked:
             return None
         name, spec = asked[0]
-        return check_structured_outputs(spec, name)
+        check_structured_outputs(spec, name)
+        return spec
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises InvalidRequestError naming the field and its limit."""

@@ -1,6 +1,9 @@
 """Tool calling on the chat route, as vLLM does it: with `tool_choice` "auto" the reply is read by the
 model's tool-call parser; "required" and a named tool constrain the reply to JSON with structured
-outputs, which is then read as the calls directly."""
+outputs, which is then read as the calls directly.
+
+Tools and calls reach the prompt through the chat template, or, when the template renders none
+(SmolLM2's), written in the parser's own documented format (see template_input)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,9 @@ from dataclasses import dataclass
 
 from llmpipe.errors import InvalidRequestError
 from llmpipe.sampling_params import SamplingParams, StructuredOutputsParams
-from llmpipe.server.protocol import ChatCompletionRequest, template_tools
+from llmpipe.server.protocol import ChatCompletionRequest, TokenizeRequest, template_tools
 from llmpipe.structured_output import check_structured_outputs
+from llmpipe.tokenizer.chat_template import template_variables
 from llmpipe.tool_parsers import (
     TOOL_PARSERS,
     NamedToolParser,
@@ -67,7 +71,72 @@ def tool_calling(body: ChatCompletionRequest, parser_name: str | None, template:
             param="tools",
         )
     parser = get_tool_parser(name)
+    if not (renders_tools(template) or parser.writes_prompts):
+        raise InvalidRequestError(
+            f"tools: this model's chat template renders no tools, and the {name} format has no prompt llmpipe "
+            f"writes them in, so the model would never see them; start the server with --tool-call-parser "
+            f"{' or '.join(sorted(n for n, p in TOOL_PARSERS.items() if p.writes_prompts))}, or send tool_choice "
+            "'required' or a named tool (both enforced with structured outputs)",
+            param="tools",
+        )
     return ToolCalling(FirstCallOnly(parser) if single else parser)
+
+
+def template_input(
+    body: ChatCompletionRequest | TokenizeRequest, parser_name: str | None, template: str | None
+) -> tuple[list[dict], list[dict] | None]:
+    """(messages, tools) as the chat template gets them.
+
+    A template that renders no tools, or no assistant tool calls (SmolLM2's), would drop them without
+    a word. When the parser (--tool-call-parser, or the one the template shows) documents a prompt
+    format, they are written in it instead, so the model sees what the parser will read: Hermes' tools
+    in a <tools></tools> system prompt, calls as <tool_call>{...}</tool_call> text in the assistant's
+    turn, results as <tool_response> text. With no such parser, calls in the history are a 400 (the
+    turn would render empty); of the tools, "auto" refuses them (tool_calling), "required" and a named
+    tool hold the reply to their schemas with structured outputs, and "none" asks for no call.
+    """
+    messages = [message.as_template_input() for message in body.messages]
+    tools = template_tools(body.tools)
+    if not template:
+        return messages, tools  # the tokenizer says there is no template
+    name = parser_name or parser_for_template(template)
+    writer = get_tool_parser(name) if name is not None else None
+    writer = writer if writer is not None and writer.writes_prompts else None
+    if tools and writer is not None and not renders_tools(template):
+        messages, tools = _with_system_prompt(messages, writer.tools_prompt(tools)), None
+    if "tool_calls" not in template:  # the template never reads a message's calls
+        messages = [_calls_as_text(i, message, writer) for i, message in enumerate(messages)]
+    return messages, tools
+
+
+def renders_tools(template: str | None) -> bool:
+    return bool(template) and "tools" in template_variables(template)
+
+
+def _with_system_prompt(messages: list[dict], prompt: str) -> list[dict]:
+    """`prompt` after the conversation's system message, or as one."""
+    if messages and messages[0]["role"] == "system":
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{prompt}" if first["content"] else prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
+
+
+def _calls_as_text(i: int, message: dict, writer: ToolParser | None) -> dict:
+    """A message whose calls or result the template cannot render, in `writer`'s format (None: a 400)."""
+    if message["role"] == "tool" and writer is not None:
+        return {**message, "content": writer.result_text(message["content"])}
+    if not message.get("tool_calls"):
+        return message
+    if writer is None:
+        raise InvalidRequestError(
+            f"messages[{i}].tool_calls: this model's chat template renders no tool calls, so the turn would be "
+            "sent empty; start the server with a --tool-call-parser whose format llmpipe writes into the prompt "
+            f"({', '.join(sorted(n for n, p in TOOL_PARSERS.items() if p.writes_prompts))})",
+            param=f"messages[{i}].tool_calls",
+        )
+    calls = writer.calls_text(message["tool_calls"])
+    content = f"{message['content']}\n{calls}" if message["content"] else calls
+    return {**{k: v for k, v in message.items() if k != "tool_calls"}, "content": content}
 
 
 def _json(schema: dict) -> StructuredOutputsParams:

@@ -12,6 +12,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -67,6 +68,13 @@ def _with_parsed_arguments(call: Any) -> Any:
     except json.JSONDecodeError:
         return call
     return {**call, "function": {**function, "arguments": arguments}}
+
+
+@lru_cache(maxsize=32)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a template reads from its context ("tools" in it: the template renders tools)."""
+    _compile(template)  # a template that does not parse is the model's fault (ModelLoadError)
+    return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(template)))
 
 
 @lru_cache(maxsize=32)

@@ -36,6 +36,7 @@ class ToolParser:
 
     name = ""
     reads_special_tokens = False  # its markers are special tokens, so decoding must keep them
+    writes_prompts = False  # whether the format documents a prompt for tools, calls and results (below)
 
     def read(self, text: str, final: bool) -> Reading:
         """The content and calls of `text`. `final`: the text is complete, so a call that is not
@@ -46,6 +47,18 @@ class ToolParser:
 
     def new_id(self) -> str:
         return f"call_{uuid.uuid4().hex[:24]}"
+
+    def tools_prompt(self, tools: list[dict]) -> str:
+        """The format's documented system prompt for `tools` (OpenAI's), for a chat template that renders none."""
+        raise NotImplementedError
+
+    def calls_text(self, calls: list[dict]) -> str:
+        """An assistant turn's `calls` (OpenAI's, arguments as JSON text) as the format has the model write them."""
+        raise NotImplementedError
+
+    def result_text(self, content: str) -> str:
+        """A tool message's content as the format hands a result back."""
+        return content
 
     def extract(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, calls) of a complete output; content is None when there is only calls."""

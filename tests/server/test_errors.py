@@ -8,9 +8,13 @@ import time
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 
 from llmpipe import LLM
 from llmpipe.engine.core import EngineCore
+from llmpipe.server.app import router
+from llmpipe.server.input_processor import MAX_JSON_DEPTH, InputProcessor
+from llmpipe.server.protocol import REQUESTS
 from tests.server.conftest import TINY_MODEL, live_server, metric, paced
 
 KEY = "sk-test-key"
@@ -58,6 +62,8 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": CHAT, "top_logprobs": 50, "logprobs": True}, 400, "top_logprobs", ["20"]),
     ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 5000}, 400, "max_tokens", ["max_model_len (1024)"]),
     ("/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model", ["nope"]),
+    ("/v1/chat/completions", {"messages": [*CHAT, {"role": "tool", "content": "sunny"}]}, 400, "messages[1].tool_call_id",
+     ["messages[1].tool_call_id: required"]),
     ("/tokenize", {"prompt": "a", "messages": CHAT}, 400, "prompt", ["exactly one of prompt or messages"]),
     ("/detokenize", {"tokens": [5, 400]}, 400, "tokens", ["tokens must be ids in [0, ", "got 400"]),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens[0]", ["greater than or equal to 0"]),
@@ -80,6 +86,64 @@ def test_malformed_json_is_400(url):
     response = post(url, "/v1/completions", content=b'{"prompt": "hi",', headers={**AUTH, "Content-Type": "application/json"})
     assert response.status_code == 400
     assert "malformed JSON" in response.json()["error"]["message"]
+
+
+def nested(depth: int, shape: str) -> str:
+    """JSON `depth` levels deep: arrays in arrays, or objects in objects."""
+    return "[" * depth + "]" * depth if shape == "list" else '{"x":' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("shape", ["list", "object"])
+@pytest.mark.parametrize("route", list(REQUESTS))
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 10_000])
+def test_a_body_nested_past_the_depth_cap_is_400_on_every_route(url, route, shape, depth):
+    content = f'{{"messages": {nested(depth, shape)}}}'.encode()
+    response = post(url, route, content=content, headers={**AUTH, "Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_json" and f"more than {MAX_JSON_DEPTH} levels" in error["message"]
+
+
+def deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+# Free-form fields that the chat template, pydantic or llguidance walk over, at the depth cap.
+AT_THE_CAP = {
+    "chat_template_kwargs": {"chat_template_kwargs": {"x": json.loads(nested(MAX_JSON_DEPTH - 2, "object"))}},
+    "response_format": {"response_format": {"type": "json_schema",
+                                            "json_schema": {"name": "deep", "schema": deep_schema(MAX_JSON_DEPTH - 4)}}},
+    "guided_json": {"guided_json": deep_schema(MAX_JSON_DEPTH - 2)},
+    "tools": {"tool_choice": "required", "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"a": deep_schema(MAX_JSON_DEPTH - 7)}}}}]},
+}
+
+
+@pytest.mark.parametrize("field", list(AT_THE_CAP))
+def test_a_body_at_the_depth_cap_is_served_or_refused_but_never_fails(url, field):
+    response = post(url, "/v1/chat/completions", {"messages": CHAT, "max_tokens": 2, **AT_THE_CAP[field]})
+    assert response.status_code in (200, 400), response.text
+
+
+def test_a_recursion_error_anywhere_in_a_request_is_a_400(url, monkeypatch):
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(InputProcessor, "chat_prompt", too_deep)
+    response = post(url, "/v1/chat/completions", {"messages": CHAT})
+    assert response.status_code == 400 and "nested too deeply" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("route", [r for r in router.routes if isinstance(r, APIRoute)], ids=lambda r: r.path)
+def test_405_says_which_methods_the_route_allows(url, route):
+    wrong = "POST" if "POST" not in route.methods else "GET"
+    response = httpx.request(wrong, f"{url}{route.path}", headers=AUTH)
+    assert response.status_code == 405
+    assert set(response.headers["Allow"].split(", ")) == route.methods
+    assert response.json()["error"]["code"] == "method_not_allowed"
 
 
 def test_oversized_body_is_413_with_or_without_content_length(url):

@@ -127,6 +127,15 @@ def test_what_is_not_supported_is_a_400_naming_the_field(tiny_url, extra, param)
     assert reply.json()["error"]["param"].startswith(param), reply.json()
 
 
+def test_a_function_call_output_without_call_id_is_a_400_naming_it(tiny_url):
+    body = {"model": TINY_MODEL, "input": [{"role": "user", "content": "hi"}, {"type": "function_call_output", "output": "x"}]}
+    reply = httpx.post(f"{tiny_url}/v1/responses", json=body, timeout=60)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "input" and error["code"] == "missing_required_parameter"
+    assert "input: [1].call_id: Field required" in error["message"]
+
+
 def test_function_call_items_become_an_assistant_tool_call_turn_and_a_tool_message():
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
     second = {**call, "call_id": "call_2", "arguments": '{"city": "Rome"}'}

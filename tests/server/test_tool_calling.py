@@ -158,6 +158,19 @@ def test_auto_on_a_template_without_a_call_format_says_so(tiny_url):
     assert err.value.body["param"] == "tools"
 
 
+def test_hermes_tools_reach_a_template_that_renders_none(tiny_path):
+    """--tool-call-parser hermes on the tiny model's ChatML template (as SmolLM2's, it renders no tools):
+    the tools and a history's calls are in the prompt, not silently dropped."""
+    calls = [{"role": "assistant", "content": None, "tool_calls": [call("call_1", "get_time", {"zone": "UTC", "precise": True})]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    with live_server(LLM(tiny_path, progress=False), tool_call_parser="hermes") as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+        usage = lambda **extra: client.chat.completions.create(messages=ASK, **{**OPTIONS, "max_tokens": 2}, **extra).usage  # noqa: E731
+        assert usage(tools=BOUNDED_TOOLS, tool_choice="auto").prompt_tokens > usage().prompt_tokens
+        tokens = httpx.post(f"{url}/tokenize", json={"messages": [*ASK, *calls], "return_token_strs": True}).json()
+    assert '"get_time"' in "".join(tokens["token_strs"]).replace("Ġ", " ")
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     _, server = serve(tmp_path_factory, "llama_gqa", LLAMA31)

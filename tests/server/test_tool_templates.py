@@ -13,6 +13,7 @@ from llmpipe.server.input_processor import InputProcessor, validate_body
 from llmpipe.server.protocol import ChatCompletionRequest
 from llmpipe.tokenizer import Tokenizer
 from llmpipe.tool_parsers import parser_for_template
+from tests.conftest import TINY_CHAT_TEMPLATE
 from tests.server.tool_fixtures import (
     LLAMA31, LLAMA32, MISTRAL_NEMO, QWEN3, QWEN25, TOOLS, as_transformers_takes_it, call, history, template,
 )
@@ -29,11 +30,11 @@ def tokenizers_(tiny_path):
     return Tokenizer.from_pretrained_dir(tiny_path), transformers.AutoTokenizer.from_pretrained(tiny_path)
 
 
-def ours(tokenizer: Tokenizer, name: str, body: dict) -> str:
+def ours(tokenizer: Tokenizer, name: str, body: dict, parser: str | None = None, chat_template: str | None = None) -> str:
     tokenizer = copy.copy(tokenizer)
-    tokenizer.chat_template = template(name)
+    tokenizer.chat_template = chat_template or template(name)
     request = validate_body(ChatCompletionRequest, {"chat_template_kwargs": KWARGS.get(name, {}), **body})
-    return InputProcessor(tokenizer, 8192, "m").chat_prompt(request, add_special_tokens=False)["prompt"]
+    return InputProcessor(tokenizer, 8192, "m", parser).chat_prompt(request, add_special_tokens=False)["prompt"]
 
 
 def reference(hf_tokenizer, name: str, messages: list[dict], tools: list[dict] | None) -> str:
@@ -96,3 +97,31 @@ def test_llm_chat_passes_tools_to_the_template(tmp_path):
     assert llm.chat_prompt(messages, tools=TOOLS)["prompt_token_ids"] == expected
     [output] = llm.chat(messages, SamplingParams(max_tokens=2, temperature=0.0), tools=TOOLS)
     assert output.prompt_token_ids == expected
+
+
+def test_a_template_that_renders_no_tools_gets_them_in_the_hermes_format(tokenizers_):
+    """--tool-call-parser hermes on a template that renders no tools or calls (SmolLM2's, as the tiny
+    model's): the tools' system prompt and the calling turn are exactly what Qwen 2.5's template (the
+    format the hermes parser reads) writes; results come back in <tool_response> blocks."""
+    tokenizer, _ = tokenizers_
+    body = {"messages": history(TWO_CALLS), "tools": TOOLS}
+    turns = ours(tokenizer, "", body, "hermes", TINY_CHAT_TEMPLATE).split("<|im_end|>\n")
+    qwen_turns = ours(tokenizer, QWEN25, body).split("<|im_end|>\n")
+    assert "<tools>" in turns[0] and turns[0] == qwen_turns[0]
+    assert "<tool_call>" in turns[2] and turns[2] == qwen_turns[2]
+    assert turns[3] == "<|im_start|>tool\n<tool_response>\nresult of get_weather\n</tool_response>"
+    plain = ours(tokenizer, "", {"messages": FIRST_TURN}, "hermes", TINY_CHAT_TEMPLATE)
+    assert plain == ours(tokenizer, "", {"messages": FIRST_TURN}, None, TINY_CHAT_TEMPLATE)  # no tools: as before
+
+
+@pytest.mark.parametrize("parser,body,param", [
+    (None, {"messages": history(ONE_CALL)}, "messages[2].tool_calls"),  # would render as an empty turn
+    ("llama3_json", {"messages": history(ONE_CALL)}, "messages[2].tool_calls"),
+    ("llama3_json", {"messages": FIRST_TURN, "tools": TOOLS}, "tools"),  # "auto": the model would never see them
+])
+def test_tools_or_calls_a_template_cannot_render_and_no_parser_can_write_are_400s(tokenizers_, parser, body, param):
+    tokenizer = copy.copy(tokenizers_[0])
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    with pytest.raises(InvalidRequestError) as err:
+        InputProcessor(tokenizer, 8192, "m", parser).chat(validate_body(ChatCompletionRequest, body))
+    assert err.value.param == param and "hermes" in str(err.value)
