@@ -277,8 +277,7 @@ class SamplingFields(_Body):
         if not asked:
             return None
         name, spec = asked[0]
-        check_structured_outputs(spec, name)
-        return spec
+        return check_structured_outputs(spec, name)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Raises InvalidRequestError naming the field and its limit."""
