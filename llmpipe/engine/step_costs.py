@@ -19,6 +19,12 @@ max_stall x (n - d) / d times the reference. 16 prompts arriving at once used to
 token one a step, over 4.5 s, the last ones behind every earlier one's decodes. While most of the
 sequences decode the cap is as before: a larger one there bunches the prompts into rare long steps,
 and the streams' ITL p99 runs to 4-5x their p50 (measured at 16 and 32 streams).
+
+That burst allowance stops at max_stall x a decode step of a full batch (max_num_seqs), whatever
+waits: the reference already grows with the queue, so the allowance grew as its square, and one
+completions request listing 256 short prompts (~3,000 tokens) put 127 of them, 1,524 tokens, into
+one step beside a lone stream (its token 1.8 s late; 4.6 s on one thread). A step that size already
+runs at the per-row cost, so a larger one admits a burst no sooner; it only stalls the streams.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ MIN_PREFILL_CHUNK = 16  # never fewer prefill tokens than this beside decodes: p
 
 
 class StepCosts:
-    def __init__(self, max_stall: float | None) -> None:
+    def __init__(self, max_stall: float | None, max_num_seqs: int) -> None:
         self.max_stall = max_stall
+        self.max_num_seqs = max_num_seqs
         self.seconds: dict[int, float] = {}  # running mean of a step's time, by its rows
 
     def observe(self, num_rows: int, seconds: float) -> None:
@@ -64,15 +71,16 @@ class StepCosts:
         """Prefill tokens a step with num_decodes decodes may carry so that it takes at most
         max_stall times a decode-only step of num_sequences (the running and waiting ones, up to
         the batch limit), or max_stall x (num_sequences - num_decodes) / num_decodes times it where
-        that is more; None: no cap (off, or nothing decodes); 0 while no step has been measured
-        (this one will be)."""
+        that is more, up to max_stall times a decode step of max_num_seqs; None: no cap (off, or
+        nothing decodes); 0 while no step has been measured (this one will be)."""
         if self.max_stall is None or not num_decodes:
             return None
         num_sequences = max(num_sequences, num_decodes)
         reference = self.cost(num_sequences)
         if reference is None:
             return 0
-        allowed = self.max_stall * reference * max(1.0, (num_sequences - num_decodes) / num_decodes)
+        burst = reference * (num_sequences - num_decodes) / num_decodes
+        allowed = self.max_stall * max(reference, min(burst, self.cost(self.max_num_seqs)))
         return max(MIN_PREFILL_CHUNK, self.rows_within(allowed) - num_decodes)
 
 

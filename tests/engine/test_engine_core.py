@@ -82,7 +82,7 @@ def test_the_callers_engine_config_is_not_changed(tiny_checkpoint):
 def test_step_costs_cap_a_step_to_the_allowed_stall_of_the_batch_waiting_to_decode():
     from llmpipe.engine.step_costs import MIN_PREFILL_CHUNK, StepCosts
 
-    costs = StepCosts(max_stall=2.0)
+    costs = StepCosts(max_stall=2.0, max_num_seqs=128)
     assert costs.prefill_budget(num_decodes=8, num_sequences=8) == 0  # nothing measured: this step measures
     assert costs.prefill_budget(num_decodes=0, num_sequences=8) is None  # nothing decodes: no cap
     costs.observe(num_rows=8, seconds=0.100)  # a step of 8 rows: 100 ms
@@ -100,14 +100,28 @@ def test_step_costs_cap_a_step_to_the_allowed_stall_of_the_batch_waiting_to_deco
     assert costs.prefill_budget(num_decodes=24, num_sequences=24) == 90 - 24
     costs.observe(num_rows=8, seconds=0.001)
     assert costs.prefill_budget(num_decodes=8, num_sequences=8) >= MIN_PREFILL_CHUNK
-    assert StepCosts(max_stall=None).prefill_budget(8, 8) is None
+    assert StepCosts(max_stall=None, max_num_seqs=128).prefill_budget(8, 8) is None
 
+
+
+def test_step_costs_stop_a_burst_at_the_stall_of_a_full_batch():
+    """However many wait (one request's list of 256 prompts), a step beside decodes takes at most
+    max_stall x a decode step of max_num_seqs: the reference already grows with the queue."""
+    from llmpipe.engine.step_costs import StepCosts
+
+    costs = StepCosts(max_stall=2.5, max_num_seqs=128)
+    for rows in (1, 16, 128, 2048):
+        costs.observe(rows, 0.010 + 0.001 * rows)
+    # one stream, the batch limit waiting: 2.5 x 138 ms = 345 ms, 335 rows (before: 2.5 x 127 x 138 ms)
+    assert costs.prefill_budget(num_decodes=1, num_sequences=128) == 335 - 1
+    # a small burst, under that ceiling, as before: 2.5 x 3 / 1 x 14 ms = 105 ms, ~95 rows (floats round down)
+    assert 93 <= costs.prefill_budget(num_decodes=1, num_sequences=4) <= 95 - 1
 
 def test_step_costs_stop_where_a_measured_step_costs_more_than_the_next():
     """A cost that jumps (a kernel change past some batch size) is not interpolated across."""
     from llmpipe.engine.step_costs import StepCosts
 
-    costs = StepCosts(max_stall=2.0)
+    costs = StepCosts(max_stall=2.0, max_num_seqs=128)
     for rows, seconds in ((32, 0.090), (40, 0.250), (64, 0.240), (128, 0.400)):
         costs.observe(rows, seconds)
     assert costs.rows_within(0.180) == 32 + int(8 * (0.180 - 0.090) / 0.160)

@@ -7,13 +7,16 @@ log-softmax on the same weights, texts against transformers' greedy generate and
 from __future__ import annotations
 
 import json
+import random
 
 import httpx
 import pytest
 import torch
 import transformers
 
-from tests.server.conftest import TINY_MODEL, live_server
+from llmpipe import LLM
+from llmpipe.engine.step_costs import StepCosts
+from tests.server.conftest import TINY_MODEL, live_server, paced, wait_until
 
 PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45]
 OTHER = [1, 42, 7, 250, 18, 5, 9]
@@ -214,3 +217,51 @@ def test_a_chat_reply_carries_its_prompt_logprobs_once_as_vllm_does(url, referen
     assert all("prompt_logprobs" not in choice for choice in reply["choices"])
     streamed = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=60)
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
+
+
+class FixedCosts(StepCosts):
+    """Step costs of 10 ms + 1 ms a row, whatever this machine measures: the caps are the same on any machine."""
+
+    def __init__(self, max_stall: float, max_num_seqs: int) -> None:
+        super().__init__(max_stall, max_num_seqs)
+        self.seconds = {rows: 0.010 + 0.001 * rows for rows in (1, 16, 64, 128, 512, 2048)}
+
+    def observe(self, num_rows: int, seconds: float) -> None:
+        pass
+
+
+def test_a_list_of_256_prompts_joins_a_stream_at_the_stall_of_a_full_batch(tiny_path):
+    """The prompts of one request are sequences as separate requests are, under the same step cap:
+    beside a lone stream, a step carries at most max_stall x a decode step of a full batch of prefill
+    (before, 127 of these prompts, 1,524 tokens, went into one step) and the stream decodes in every step."""
+    llm = LLM(tiny_path, progress=False, max_decode_stall=2.5, max_num_seqs=128)
+    core = llm.engine.core
+    core.step_costs = FixedCosts(2.5, 128)
+    steps: list[tuple[set[str], int]] = []  # per step: the requests decoding, the prefill tokens
+    schedule = core.scheduler.schedule
+
+    def recorded(prefill_budget=None):
+        out = schedule(prefill_budget)
+        steps.append(({seq.request_id for seq in out.decodes}, sum(item.num_tokens for item in out.prefills)))
+        return out
+
+    core.scheduler.schedule = recorded
+    rng = random.Random(0)
+    prompts = [[1] + [rng.randrange(3, 320) for _ in range(11)] for _ in range(256)]
+    with live_server(llm, before_step=paced(0.005)) as url:
+        body = {"prompt": [1, 5, 9], "max_tokens": 900, "temperature": 0.0, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+            lines = stream.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # its first token: it decodes from now on
+            listed = httpx.post(f"{url}/v1/completions", json={"prompt": prompts, "max_tokens": 2, "ignore_eos": True},
+                                timeout=120)
+            assert listed.status_code == 200 and len(listed.json()["choices"]) == 256
+        wait_until(lambda: not core.has_unfinished_requests(), "the stream's abort")
+    streamer = next(iter(steps[1][0]))
+    admitting = [i for i, (_, prefill) in enumerate(steps) if i > 1 and prefill]
+    cap = core.step_costs.rows_within(2.5 * core.step_costs.cost(128))  # 2.5 x 138 ms: 335 rows
+    assert sum(steps[i][1] for i in admitting) == 256 * 12
+    for i in range(admitting[0], admitting[-1] + 1):
+        decoding, prefill = steps[i]
+        assert streamer in decoding, f"step {i}: the stream waited"
+        assert prefill + len(decoding) <= cap, f"step {i}: {prefill} prefill tokens beside {len(decoding)} decodes"
