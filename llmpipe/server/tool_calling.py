@@ -142,9 +142,7 @@ def _calls_as_text(i: int, message: dict, writer: ToolParser | None) -> dict:
 def _json(schema: dict) -> StructuredOutputsParams:
     """The constraint, checked here so that a tool's bad parameters schema is a 400 naming `tools`.
     Compact JSON: the calls end as soon as their schema allows, with no whitespace for a model to loop in."""
-    spec = StructuredOutputsParams(json=schema, disable_any_whitespace=True)
-    check_structured_outputs(spec, field="tools")
-    return spec
+    return check_structured_outputs(StructuredOutputsParams(json=schema, disable_any_whitespace=True), field="tools")
 
 
 class FirstCallOnly(ToolParser):
