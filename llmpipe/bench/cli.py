@@ -171,6 +171,8 @@ def add_bench_parser(sub) -> None:
     robust.add_argument("--model", default=None, help="model id to request (default: the server's own)")
     robust.add_argument("--api-key", default=None)
     robust.add_argument("--output", default="bench_results/robustness.json")
+    robust.add_argument("--probes", nargs="+", default=None, metavar="NAME", help="run only these probes (by name)")
+    robust.add_argument("--no-stalled", dest="stalled", action="store_false", help="skip the stalled-headers probe")
     robust.set_defaults(func=_run_robustness)
 
     peers = kinds.add_parser("peers", help="build llama.cpp's llama-bench / llama-batched-bench / llama-server once")
@@ -228,7 +230,12 @@ def _run_multiturn(args) -> None:
 def _run_robustness(args) -> None:
     from llmpipe.bench.robustness import run_robustness
 
-    run_robustness(args.base_url, args.api_key, args.model, args.output)
+    from llmpipe.bench.robustness import PROBES
+
+    unknown = sorted(set(args.probes or ()) - set(PROBES))
+    if unknown:
+        raise SystemExit(f"llmpipe: error: unknown probe {unknown[0]!r}; probes: {', '.join(PROBES)}")
+    run_robustness(args.base_url, args.api_key, args.model, args.output, args.probes, args.stalled)
 
 
 def _run_window(args) -> None:
