@@ -64,6 +64,8 @@ class ModelRunner:
         # the exact GEMM past KERNEL_MAX_BATCH rows, as engine.score).
         with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)):
             hidden = self.model(ids, positions, self.kv_cache.layers, metas)
+            if not len(logit_rows):  # only prefill chunks that end no prompt (a long prompt's first chunks)
+                return hidden.new_empty(0, self.config.model_config.vocab_size)
             return self.model.compute_logits(hidden[logit_rows])
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

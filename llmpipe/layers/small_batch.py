@@ -23,5 +23,5 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T for 2 <= M <= 8, float32 on CPU."""
+    """x [M, K] @ weight[N, K].T, float32 on CPU (the op takes any M; `usable` picks where it wins)."""
     return _library().small_batch_linear(x, weight)

@@ -16,7 +16,7 @@ import torch
 
 from llmpipe.kernels.build import library as _library
 
-MAX_ROWS = 8  # rows per call (csrc MAX_ROWS)
+MAX_ROWS = 8  # rows per row-kernel pass (csrc MAX_ROWS); the ops take any rows, MAX_ROWS at a time
 CHUNK = 32  # K (padded) and group sizes are multiples of this (INT8 also takes HALF_GROUP)
 HALF_GROUP = 16  # INT8 groups of half a chunk: GGUF Q6_K's sub-blocks
 DOT_BLOCK = 32  # activation elements sharing one scale
@@ -29,7 +29,7 @@ def available() -> bool:
 
 
 def int4_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int) -> torch.Tensor:
-    """x [M <= MAX_ROWS, K] float32 contiguous → [M, N] float32."""
+    """x [M, K] float32 contiguous (any M, 0 included) → [M, N] float32."""
     return _library().int4_linear(x, codes, scale, offset, group)
 
 
@@ -48,7 +48,7 @@ def int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, group: int) -> tor
 
 
 def q5_0_linear(x: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """x [M <= MAX_ROWS, K] @ a weight held as GGUF Q5_0 blocks [N, K / 32 * 22]: int8_linear's result on
+    """x [M, K] @ a weight held as GGUF Q5_0 blocks [N, K / 32 * 22]: int8_linear's result on
     its unpacked codes (q5_0_unpack), bit for bit."""
     return _library().q5_0_linear(x, blocks)
 
@@ -143,7 +143,7 @@ def quantize_activations(x: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, 
     LEVELS[bits]: per block of 32, scale = max|x| / L and code = round-half-even(x * (L / max|x|)), the
     float32 arithmetic the kernel does."""
     levels = LEVELS[bits]
-    blocks = x.view(x.shape[0], -1, DOT_BLOCK)
+    blocks = x.view(x.shape[0], x.shape[1] // DOT_BLOCK, DOT_BLOCK)  # sizes spelled out: x may have no rows
     amax = blocks.abs().amax(-1)
     # a true float32 division as the kernel's (`levels / amax` on a tensor multiplies by its reciprocal,
     # which moves ties: at 16 bits one code in a few hundred lands on one)
@@ -157,14 +157,15 @@ def reference_dot_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: tor
     scale / offset [N, groups]; the offset meets the sum of the quantized x over each group."""
     q, d = quantize_activations(x, bits)
     unit = min(group, DOT_BLOCK)  # INT8's half groups (16): two scales per activation block
-    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], -1, unit),
-                        weight_codes.double().view(weight_codes.shape[0], -1, unit))
+    units = x.shape[1] // unit
+    dots = torch.einsum("mbk,nbk->mnb", q.double().view(x.shape[0], units, unit),
+                        weight_codes.double().view(weight_codes.shape[0], units, unit))
     unit_group = torch.arange(dots.shape[-1]) * unit // group
     d_unit = d.double().repeat_interleave(DOT_BLOCK // unit, dim=1)
     y = (dots * d_unit[:, None, :] * scale.double()[None, :, unit_group]).sum(-1)
     if offset is not None:
         group_sums = torch.zeros(x.shape[0], offset.shape[1], dtype=torch.float64)
-        x_q = (q.double().view(x.shape[0], -1, DOT_BLOCK) * d.double()[..., None]).flatten(1)
+        x_q = (q.double().view(x.shape[0], x.shape[1] // DOT_BLOCK, DOT_BLOCK) * d.double()[..., None]).flatten(1)
         group_sums.index_add_(1, torch.arange(x.shape[1]) // group, x_q)
         y += group_sums @ offset.double().T
     return y

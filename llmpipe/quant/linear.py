@@ -142,12 +142,7 @@ class QuantizedLinear(nn.Module):
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
-        if self.takes_panels(rows):
-            y = self.panel_kernel(wide)
-        elif wide.shape[0] <= kernels.MAX_ROWS:
-            y = self.kernel(wide)
-        else:
-            y = torch.cat([self.kernel(part) for part in wide.split(kernels.MAX_ROWS)])
+        y = self.panel_kernel(wide) if self.takes_panels(rows) else self.kernel(wide)  # any rows, none included
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y if self.bias is None else y + self.bias

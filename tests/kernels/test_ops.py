@@ -72,6 +72,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
 @pytest.mark.parametrize("op, args", [
     ("int4_linear", lowbit_args(3, int4=True)), ("int8_linear", lowbit_args(3, int4=False)),
     ("int4_linear_dot", lowbit_args(1, int4=True)), ("int8_linear_dot", lowbit_args(1, int4=False)),
+    ("int4_linear_dot", lowbit_args(0, int4=True)), ("int8_linear", lowbit_args(9, int4=False)),  # none; two passes
     ("int4_dequantize", lowbit_args(1, int4=True)[1:]), ("int8_dequantize", lowbit_args(1, int4=False)[1:]),
     ("q5_0_linear", (torch.randn(3, K), q5_0_blocks())), ("q5_0_linear_dot", (torch.randn(2, K), q5_0_blocks())),
     ("q5_0_unpack", (q5_0_blocks(),)),
@@ -129,7 +130,7 @@ def test_a_non_contiguous_input_is_refused_by_name():
 
 def test_shapes_the_c_code_does_not_take_are_refused():
     x, codes, scale, offset, _ = lowbit_args(2, int4=True)
-    assert "x must have 1 to 8 rows, got 9" in refusal("int4_linear", torch.randn(9, K), codes, scale, offset, GROUP)
+    assert "x must have size 64 in dimension 1" in refusal("q5_0_linear", torch.randn(0, 32), q5_0_blocks())  # no rows: still checked
     assert "multiples of 32" in refusal("int4_linear", x, codes, scale, offset, 48)
     assert "multiples of 32" in refusal("int4_linear", x, codes, torch.randn(48, K // 16), torch.randn(48, K // 16), 16)  # INT8 only
     assert "scale must have size 48 in dimension 0" in refusal("int4_linear", x, codes, scale[:40], offset, GROUP)

@@ -5,11 +5,15 @@
 // calls the kernel. The schemas mark what an op writes in place (`Tensor(a!)`); the fake (meta)
 // implementations torch.compile traces with are Python, in llmpipe/kernels/fake.py.
 //
+// Every op takes a batch of any size, none included: the row kernels (at most MAX_ROWS rows a call)
+// run over slices of MAX_ROWS rows, and an empty batch returns an empty result without calling C.
+//
 // A new kernel: its C declaration in `kernels`, a wrapper, and a def + impl line below.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <tuple>
@@ -117,16 +121,26 @@ int64_t check_codes(const char *op, int64_t K, const at::Tensor &codes, at::Scal
     return N;
 }
 
-// x [M <= MAX_ROWS, K] float32, and check_codes' weight.
+// x [M, K] float32 (any M), and check_codes' weight.
 Shape check_lowbit(const char *op, const at::Tensor &x, const at::Tensor &codes, at::ScalarType code_type,
                    int64_t codes_per_byte, const at::Tensor &scale, const at::Tensor *offset, int64_t group) {
     check(op, "x", x, at::kFloat, 2);
-    const Shape s{x.size(0), check_codes(op, x.size(1), codes, code_type, codes_per_byte, scale, offset, group), x.size(1)};
-    TORCH_CHECK(s.M >= 1 && s.M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", s.M);
-    return s;
+    return Shape{x.size(0), check_codes(op, x.size(1), codes, code_type, codes_per_byte, scale, offset, group), x.size(1)};
 }
 
 at::Tensor float_empty(int64_t rows, int64_t cols) { return at::empty({rows, cols}, at::dtype(at::kFloat)); }
+
+// y [M, N] = x [M, K] @ W.T by a row kernel taking at most MAX_ROWS rows a call: kernel(x rows, y rows, count)
+// per slice of MAX_ROWS rows (none for M = 0).
+template <typename RowKernel>
+at::Tensor by_row_slices(const at::Tensor &x, int64_t N, RowKernel kernel) {
+    const int64_t M = x.size(0), K = x.size(1);
+    at::Tensor y = float_empty(M, N);
+    const float *xs = x.const_data_ptr<float>();
+    float *ys = y.mutable_data_ptr<float>();
+    for (int64_t m = 0; m < M; m += MAX_ROWS) kernel(xs + m * K, ys + m * N, std::min(MAX_ROWS, M - m));
+    return y;
+}
 
 // The float weight [N, K] of INT4 codes [N, K / 2] (code * scale + offset) or INT8 codes [N, K] (code * scale).
 at::Tensor int4_dequantize(const at::Tensor &codes, const at::Tensor &scale, const at::Tensor &offset, int64_t group) {
@@ -148,18 +162,18 @@ at::Tensor int8_dequantize(const at::Tensor &codes, const at::Tensor &scale, int
 at::Tensor int4_linear(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale,
                        const at::Tensor &offset, int64_t group) {
     const Shape s = check_lowbit("int4_linear", x, codes, at::kByte, 2, scale, &offset, group);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::int4_linear(x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
-                         offset.const_data_ptr<float>(), y.mutable_data_ptr<float>(), s.M, s.N, s.K, group);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::int4_linear(xs, codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                             offset.const_data_ptr<float>(), ys, rows, s.N, s.K, group);
+    });
 }
 
 at::Tensor int8_linear(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale, int64_t group) {
     const Shape s = check_lowbit("int8_linear", x, codes, at::kChar, 1, scale, nullptr, group);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::int8_linear(x.const_data_ptr<float>(), codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
-                         y.mutable_data_ptr<float>(), s.M, s.N, s.K, group);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::int8_linear(xs, codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), ys, rows, s.N, s.K,
+                             group);
+    });
 }
 
 // GGUF Q5_0 blocks [N, K / CHUNK * Q5_0_BLOCK_BYTES] uint8; returns K.
@@ -170,21 +184,19 @@ int64_t check_q5_0(const char *op, const at::Tensor &blocks) {
     return blocks.size(1) / Q5_0_BLOCK_BYTES * CHUNK;
 }
 
-// x [M <= MAX_ROWS, K] float32 against check_q5_0's blocks.
+// x [M, K] float32 (any M) against check_q5_0's blocks.
 Shape check_q5_0_linear(const char *op, const at::Tensor &x, const at::Tensor &blocks) {
     const int64_t K = check_q5_0(op, blocks);
     check(op, "x", x, at::kFloat, 2);
     check_size(op, "x", x, 1, K);
-    TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", x.size(0));
     return Shape{x.size(0), blocks.size(0), K};
 }
 
 at::Tensor q5_0_linear(const at::Tensor &x, const at::Tensor &blocks) {
     const Shape s = check_q5_0_linear("q5_0_linear", x, blocks);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::q5_0_linear(x.const_data_ptr<float>(), blocks.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(), s.M,
-                         s.N, s.K);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::q5_0_linear(xs, blocks.const_data_ptr<uint8_t>(), ys, rows, s.N, s.K);
+    });
 }
 
 // The INT8 form of Q5_0 blocks: codes q - 16 int8 [N, K] and scales float32 [N, K / CHUNK].
@@ -204,42 +216,39 @@ at::Tensor int4_linear_dot(const at::Tensor &x, const at::Tensor &codes, const a
                            const at::Tensor &offset, int64_t group, int64_t bits, int64_t isa) {
     const Shape s = check_lowbit("int4_linear_dot", x, codes, at::kByte, 2, scale, &offset, group);
     check_bits("int4_linear_dot", bits);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::int4_linear_dot(x.const_data_ptr<float>(), codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
-                             offset.const_data_ptr<float>(), y.mutable_data_ptr<float>(), s.M, s.N, s.K, group, bits,
-                             isa);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::int4_linear_dot(xs, codes.const_data_ptr<uint8_t>(), scale.const_data_ptr<float>(),
+                                 offset.const_data_ptr<float>(), ys, rows, s.N, s.K, group, bits, isa);
+    });
 }
 
 at::Tensor int8_linear_dot(const at::Tensor &x, const at::Tensor &codes, const at::Tensor &scale, int64_t group,
                            int64_t bits, int64_t isa) {
     const Shape s = check_lowbit("int8_linear_dot", x, codes, at::kChar, 1, scale, nullptr, group);
     check_bits("int8_linear_dot", bits);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::int8_linear_dot(x.const_data_ptr<float>(), codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(),
-                             y.mutable_data_ptr<float>(), s.M, s.N, s.K, group, bits, isa);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::int8_linear_dot(xs, codes.const_data_ptr<int8_t>(), scale.const_data_ptr<float>(), ys, rows, s.N, s.K,
+                                 group, bits, isa);
+    });
 }
 
 at::Tensor q5_0_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_t bits, int64_t isa) {
     const Shape s = check_q5_0_linear("q5_0_linear_dot", x, blocks);
     check_bits("q5_0_linear_dot", bits);
-    at::Tensor y = float_empty(s.M, s.N);
-    kernels::q5_0_linear_dot(x.const_data_ptr<float>(), blocks.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
-                             s.M, s.N, s.K, bits, isa);
-    return y;
+    return by_row_slices(x, s.N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::q5_0_linear_dot(xs, blocks.const_data_ptr<uint8_t>(), ys, rows, s.N, s.K, bits, isa);
+    });
 }
 
 int64_t has_vnni() { return kernels::has_vnni(); }
 
-// x [M >= 1, K] float32 @ a weight [N, K] held as panels [ceil(N / PANEL), K / CHUNK, block_bytes].
+// x [M, K] float32 (any M) @ a weight [N, K] held as panels [ceil(N / PANEL), K / CHUNK, block_bytes].
 at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits,
                     int64_t block_bytes) {
     check(op, "x", x, at::kFloat, 2);
     check(op, "panels", panels, at::kByte, 3);
     check_bits(op, bits);
     const int64_t M = x.size(0), K = x.size(1);
-    TORCH_CHECK(M >= 1, op, ": x must have at least one row");
     TORCH_CHECK(K % CHUNK == 0, op, ": K must be a multiple of ", CHUNK, ", got ", K);
     TORCH_CHECK(N >= 1, op, ": N must be positive, got ", N);
     check_size(op, "panels", panels, 0, (N + PANEL - 1) / PANEL);
@@ -250,42 +259,42 @@ at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panel
 
 at::Tensor int4_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits, int64_t isa) {
     at::Tensor y = gemm_dot("int4_gemm_dot", x, panels, N, bits, INT4_PANEL_BYTES);
-    kernels::int4_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+    if (x.size(0) > 0)
+        kernels::int4_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
                            x.size(0), N, x.size(1), bits, isa);
     return y;
 }
 
 at::Tensor int8_gemm_dot(const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits, int64_t isa) {
     at::Tensor y = gemm_dot("int8_gemm_dot", x, panels, N, bits, INT8_PANEL_BYTES);
-    kernels::int8_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+    if (x.size(0) > 0)
+        kernels::int8_gemm_dot(x.const_data_ptr<float>(), panels.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
                            x.size(0), N, x.size(1), bits, isa);
     return y;
 }
 
-// x [M, K] (any strides: copied when not contiguous) @ weight [N, K].T, 1 <= M <= MAX_ROWS, K % 16 == 0.
+// x [M, K] (any M and strides: copied when not contiguous) @ weight [N, K].T, K % 16 == 0.
 at::Tensor small_batch_linear(const at::Tensor &x_in, const at::Tensor &weight) {
     const char *op = "small_batch_linear";
     const at::Tensor x = x_in.contiguous();
     check(op, "x", x, at::kFloat, 2);
     check(op, "weight", weight, at::kFloat, 2);
-    const int64_t M = x.size(0), N = weight.size(0), K = x.size(1);
-    TORCH_CHECK(M >= 1 && M <= MAX_ROWS, op, ": x must have 1 to ", MAX_ROWS, " rows, got ", M);
+    const int64_t N = weight.size(0), K = x.size(1);
     TORCH_CHECK(K % 16 == 0, op, ": K must be a multiple of 16, got ", K);
     check_size(op, "weight", weight, 1, K);
-    at::Tensor y = float_empty(M, N);
-    kernels::small_batch_linear(x.const_data_ptr<float>(), weight.const_data_ptr<float>(), y.mutable_data_ptr<float>(),
-                                M, N, K);
-    return y;
+    return by_row_slices(x, N, [&](const float *xs, float *ys, int64_t rows) {
+        kernels::small_batch_linear(xs, weight.const_data_ptr<float>(), ys, rows, N, K);
+    });
 }
 
 // Each row's argmax of logits [rows, vocab] float32, as torch.argmax(dim=-1): int64 [rows].
 at::Tensor greedy_argmax(const at::Tensor &logits) {
     const char *op = "greedy_argmax";
     check(op, "logits", logits, at::kFloat, 2);
-    TORCH_CHECK(logits.size(0) >= 1 && logits.size(1) >= 1, op, ": logits must be [rows >= 1, vocab >= 1], got ",
-                logits.sizes());
+    TORCH_CHECK(logits.size(1) >= 1, op, ": logits must be [rows, vocab >= 1], got ", logits.sizes());
     at::Tensor out = at::empty({logits.size(0)}, at::dtype(at::kLong));
-    kernels::greedy_argmax(logits.const_data_ptr<float>(), out.mutable_data_ptr<int64_t>(), logits.size(0),
+    if (logits.size(0) > 0)
+        kernels::greedy_argmax(logits.const_data_ptr<float>(), out.mutable_data_ptr<int64_t>(), logits.size(0),
                            logits.size(1));
     return out;
 }
@@ -340,6 +349,7 @@ at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_c
     check_size(op, "q", q, 2, c.head_dim);
     check_tables(op, tables, lens, batch);
     at::Tensor out = float_empty(batch, heads * head_dim);
+    if (batch == 0) return out;
     const auto *scales = kv_scales ? static_cast<const uint16_t *>(kv_scales->const_data_ptr()) : nullptr;
     kernels::paged_decode_attention(q.const_data_ptr<float>(), kv_cache.const_data_ptr(), scales,
                                     tables.const_data_ptr<int64_t>(), lens.const_data_ptr<int64_t>(),
@@ -365,6 +375,7 @@ at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor
     check_size(op, "slots", slots, 0, batch);
     check_tables(op, block_tables, lens, batch);
     at::Tensor out = float_empty(batch, num_heads * head_dim);
+    if (batch == 0) return out;
     kernels::rope_write_decode_attention(
         heads.mutable_data_ptr<float>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
         kv_cache.mutable_data_ptr<float>(), slots.const_data_ptr<int64_t>(), block_tables.const_data_ptr<int64_t>(),
@@ -389,7 +400,6 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::opti
     const int64_t hidden = sizes[0], heads = sizes[1], kv_heads = sizes[2], head_dim = sizes[3];
     check(op, "x", x, at::kFloat, 2);
     const int64_t batch = x.size(0);
-    TORCH_CHECK(batch >= 1, op, ": x must have at least one row");
     check_size(op, "x", x, 1, hidden);
     TORCH_CHECK(hidden % 8 == 0 && head_dim % 8 == 0, op, ": hidden (", hidden, ") and head dim (", head_dim,
                 ") must be multiples of 8");
@@ -427,6 +437,7 @@ void decode_step(const at::Tensor &x, const at::Tensor &kv_pool, const std::opti
         TORCH_CHECK((words[(l + 1) * LAYER_WORDS - 1] != 0) == int8_cache, op, ": layer ", l,
                     int8_cache ? " has no cache scales for its int8 cache" : " has cache scales for a float32 cache");
     }
+    if (batch == 0) return;  // after every check: an empty batch of bad arguments is still refused
     kernels::decode_step(x.mutable_data_ptr<float>(), words, descriptors.size(0), batch, hidden, heads, kv_heads,
                          head_dim, static_cast<float>(eps), static_cast<float>(scale), cos.const_data_ptr<float>(),
                          sin.const_data_ptr<float>(), slots.const_data_ptr<int64_t>(), tables.const_data_ptr<int64_t>(),
