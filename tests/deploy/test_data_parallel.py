@@ -35,6 +35,11 @@ HANG_GUARD_S = 180.0
 # 216 s once (60 s + 144 s) beside the other test worker, against 13 s for the first replicas.
 REJOIN_GUARD_S = 600.0
 BLOCK = 16
+# Serve's controller kills a proxy not ready in 5 s (its first start; more for each restart) and starts
+# another, but serve.start waits on the first: under load every test here errored at setup with
+# ActorDiedError. Generous readiness and health timeouts, and serve.start tried again if it still dies.
+SERVE_TIMEOUTS = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "60"}
+PROXY_START_TRIES = 3
 
 
 def wait_until(condition, what: str, timeout: float = HANG_GUARD_S) -> None:
@@ -46,20 +51,36 @@ def cluster(tiny_path):
     """(base URL, the ingress's client over the replicas, Serve's proxy URL)."""
     from ray import serve
 
-    # Logical CPUs: the CLI-style replicas, then the Serve application's two and its ingress.
-    ray.init(num_cpus=8, include_dashboard=False, logging_level="error", log_to_driver=False,
-             object_store_memory=80 * 2**20)
+    # Logical CPUs: the CLI-style replicas, then the Serve application's two and its ingress. The local
+    # cluster's processes take this process's environment: Serve's controller reads its timeouts there.
+    with pytest.MonkeyPatch.context() as env:
+        for name, seconds in SERVE_TIMEOUTS.items():
+            env.setenv(name, seconds)
+        ray.init(num_cpus=8, include_dashboard=False, logging_level="error", log_to_driver=False,
+                 object_store_memory=80 * 2**20)
     port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})  # Serve's proxy: for the Serve application's test
     options = serve_options({"model": tiny_path, "data_parallel_size": 2, "num_threads": 1, "max_num_blocks": 512})
     handles = []
     try:
+        start_serve(serve, http_options={"host": "127.0.0.1", "port": port})  # Serve's proxy: for the Serve application's test
         handles = start_replicas(options, paced(0.01))
         client = DataParallelCoreClient.connect(handles, make_router("prefix", BLOCK))
         with live_server(AsyncEngine(client, load_checkpoint(tiny_path).tokenizer, 512)) as url:
             yield url, client, f"http://127.0.0.1:{port}"
     finally:
         stop_replicas(handles)
+
+
+def start_serve(serve, **options) -> None:
+    """serve.start, after a shutdown again, while its proxy dies starting up (a bounded number of tries)."""
+    for attempt in range(1, PROXY_START_TRIES + 1):
+        try:
+            serve.start(**options)
+            return
+        except (ray.exceptions.RayActorError, TimeoutError):
+            if attempt == PROXY_START_TRIES:
+                raise
+            serve.shutdown()
 
 
 def free_port() -> int:
