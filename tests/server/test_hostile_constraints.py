@@ -12,14 +12,13 @@ import json
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.test_shutdown import PACED_SERVE, free_port
+from tests.server.test_shutdown import PACED_SERVE, free_port, wait_for_serve
 from tests.structured_output import hostile
 
 STREAM_TOKENS = 120  # paced at 50 ms a step: the stream outlasts the hostile requests on any machine
@@ -70,14 +69,7 @@ def server(tiny_path):
     process = subprocess.Popen([sys.executable, "-c", PACED_SERVE, "serve", "--model", tiny_path, "--port", str(port)],
                                stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120  # a hang guard
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_for_serve(process, url)
         yield url, process
     finally:
         process.kill()

@@ -31,6 +31,18 @@ run_serve(build_parser().parse_args(sys.argv[1:]), before_step=functools.partial
 """
 
 
+def wait_for_serve(process: subprocess.Popen, url: str) -> None:
+    """Until the `llmpipe serve` process answers /health with 200 (a hang guard of 120 s)."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None and time.monotonic() < deadline, "server did not start"
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -53,14 +65,7 @@ def test_shutdown_finishes_short_requests_and_ends_long_ones_cleanly(tiny_path, 
     args = ["serve", "--model", tiny_path, "--port", str(port), "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     server = subprocess.Popen([sys.executable, "-c", PACED_SERVE, *args], stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        wait_for_serve(server, url)
         streams = {"short": (8, threading.Event(), []), "long": (1000, threading.Event(), [])}
         threads = [threading.Thread(target=stream, args=(url, *s)) for s in streams.values()]
         for t in threads:
