@@ -38,6 +38,7 @@ from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import Format
 from llmpipe.server.responses import ResponseShape
+from llmpipe.structured_output.sandbox import grammar_sandbox
 from llmpipe.server.protocol import (
     REQUESTS,
     ResponsesRequest,
@@ -260,6 +261,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         server.engine.start()
+        grammar_sandbox().start()  # its worker processes, before the first constrained request
         yield
         await server.engine.stop()
         server.pool.shutdown(wait=False, cancel_futures=True)

@@ -135,6 +135,17 @@ class GrammarSandbox:
         self._idle.put(worker)
         return Verdict(reply["problem"], reply.get("lark")), True
 
+    def start(self) -> None:
+        """Start every worker now (a server's start), so no request waits for one to start."""
+        slots = []
+        while True:
+            try:
+                slots.append(self._idle.get_nowait())
+            except queue.Empty:
+                break
+        for worker in slots:
+            self._idle.put(worker or _Worker(self.stack_bytes))
+
     def close(self) -> None:
         while True:
             try:
