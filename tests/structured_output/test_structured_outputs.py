@@ -4,6 +4,7 @@ checked against references (jsonschema, re.fullmatch, membership), never against
 from __future__ import annotations
 
 import json
+import os
 import re
 from concurrent.futures import Future
 
@@ -280,3 +281,16 @@ def test_any_token_left_ignores_banned_tokens():
     assert bitmask[1] == 1 << 3  # the caller's mask is left as it was
     top = np.array([np.int32(-(2**31))], dtype=np.int32)  # token 31 alone: the sign bit
     assert any_token_left(top) and not any_token_left(top, [31])
+
+
+def test_the_core_compiles_on_low_priority_threads_with_a_stack_for_deep_grammars(llm):
+    """A 3,000-rule chain overflows llguidance's stack on a default 8 MiB thread (the sandbox's crash
+    test shows it): the core's compile threads have room for it, and yield the cores to the step."""
+    from llmpipe.structured_output.grammar import COMPILE_NICE, grammar_key
+    from tests.structured_output.hostile import lark_chain
+
+    manager = llm.engine.core.structured
+    key = grammar_key(StructuredOutputsParams(grammar=lark_chain()))
+    assert not manager._compile(key).result(timeout=120).is_error()
+    nice = manager._pool_for().submit(os.getpriority, os.PRIO_PROCESS, 0).result(timeout=60)
+    assert nice >= COMPILE_NICE
