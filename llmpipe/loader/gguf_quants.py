@@ -52,11 +52,17 @@ def split_q4_1(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     return blocks[:, :2].view(torch.float16), blocks[:, 2:4].view(torch.float16), blocks[:, 4:]
 
 
+def _five_bit_codes(high_bits: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """Q5_0/Q5_1: 4 bytes of fifth bits (a little-endian uint32, bit j → weight j) and 16 bytes of
+    nibbles → codes 0..31 uint8 [n, 32]."""
+    high = _bit_planes(high_bits, bits=1, planes=8).transpose(1, 2).reshape(-1, 32)
+    return unpack_nibbles(packed) | (high << 4)
+
+
 def split_q5_0(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q5_0 [n, 22]: scale (f16), 32 fifth bits (uint32, bit j → weight j), 16 bytes of low nibbles
     → scale float16 [n, 1], signed codes q − 16 as int8 [n, 32] (value = d·(q − 16))."""
-    high = _bit_planes(blocks[:, 2:6], bits=1, planes=8).transpose(1, 2).reshape(-1, 32)
-    q = unpack_nibbles(blocks[:, 6:]) | (high << 4)
+    q = _five_bit_codes(blocks[:, 2:6], blocks[:, 6:])
     return blocks[:, :2].view(torch.float16), q.view(torch.int8) - 16
 
 
@@ -78,6 +84,27 @@ def dequantize_q4_0(blocks: torch.Tensor) -> torch.Tensor:
 def dequantize_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     scale, minimum, packed = split_q4_1(blocks)
     return unpack_nibbles(packed).float().mul_(scale.float()).add_(minimum.float())
+
+
+def dequantize_q5_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_1 [n, 24]: d, m (f16), 32 fifth bits (uint32), 16 bytes of low nibbles; value = d·q + m."""
+    q = _five_bit_codes(blocks[:, 4:8], blocks[:, 8:])
+    return q.float().mul_(_f16(blocks, 0)).add_(_f16(blocks, 2))
+
+
+# IQ4_NL / IQ4_XS: a nibble indexes this non-linear codebook (ggml's kvalues_iq4nl).
+IQ4_VALUES = torch.tensor([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=torch.int8)
+
+
+def split_iq4_nl(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """IQ4_NL [n, 18]: d (f16), 16 bytes of nibbles (low ones first) → scale d float32 [n, 1],
+    codebook values int8 [n, 32] (value = d·IQ4_VALUES[nibble])."""
+    return _f16(blocks, 0), IQ4_VALUES[unpack_nibbles(blocks[:, 2:]).int()]
+
+
+def dequantize_iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_iq4_nl(blocks)
+    return q.float().mul_(scale)
 
 
 # --- K-quants: 256-weight super-blocks of 8 or 16 sub-blocks ------------------------------------
@@ -138,7 +165,61 @@ def split_q6_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def dequantize_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     scale, q = split_q6_k(blocks)
-    return q.float().reshape(-1, 16, 16).mul_(scale.unsqueeze(-1)).reshape(-1, QK_K)
+    return _scaled_sub_blocks(q, scale)
+
+
+def _scaled_sub_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Codes [n, 256] times one float32 scale per sub-block, scale [n, sub-blocks] → float32 [n, 256]."""
+    return q.float().reshape(*scale.shape, -1).mul_(scale.unsqueeze(-1)).reshape(-1, QK_K)
+
+
+def _two_bit_quants(packed: torch.Tensor) -> torch.Tensor:
+    """Q2_K/Q3_K: 64 bytes of 2-bit quants → [n, 16, 16]: 32-byte chunk c, bits 2p..2p+1, is
+    weights 128c + 32p + j."""
+    return _bit_planes(packed.reshape(-1, 32), bits=2, planes=4).reshape(-1, 16, 16)
+
+
+def dequantize_q2_k(blocks: torch.Tensor) -> torch.Tensor:
+    """Q2_K [n, 84]: 16 bytes of 4-bit (scale, min) pairs (scale low), 64 bytes of 2-bit quants, d, dmin
+    (f16); value = d·scale·q − dmin·min per 16-weight sub-block."""
+    scales = blocks[:, :16]
+    d = _f16(blocks, 80) * (scales & 0x0F).float()
+    dm = _f16(blocks, 82) * (scales >> 4).float()
+    return _two_bit_quants(blocks[:, 16:80]).float().mul_(d.unsqueeze(-1)).sub_(dm.unsqueeze(-1)).reshape(-1, QK_K)
+
+
+def split_q3_k(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q3_K [n, 110]: 32 bytes of high bits (bit p of byte j → weight 32p + j), 64 bytes of 2-bit quants,
+    12 bytes of 6-bit scales (low nibbles in bytes 0-7, high 2 bits in 8-11), d (f16) → per 16-weight
+    sub-block scale d·(scale − 32) float32 [n, 16], codes q − 4·(1 − high bit) in −4..3 int8 [n, 256]
+    (value = scale·code)."""
+    low = _bit_planes(blocks[:, 96:104], bits=4, planes=2).reshape(-1, 16)
+    high = _bit_planes(blocks[:, 104:108], bits=2, planes=4).reshape(-1, 16)
+    scale = _f16(blocks, 108) * ((low | (high << 4)).view(torch.int8) - 32).float()
+    hmask = _bit_planes(blocks[:, :32], bits=1, planes=8).reshape(-1, 16, 16)
+    q = _two_bit_quants(blocks[:, 32:96]).view(torch.int8) - ((hmask ^ 1) << 2).view(torch.int8)
+    return scale, q.reshape(-1, QK_K)
+
+
+def dequantize_q3_k(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_q3_k(blocks)
+    return _scaled_sub_blocks(q, scale)
+
+
+def split_iq4_xs(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """IQ4_XS [n, 136]: d (f16), the 6-bit scales' high 2 bits (uint16, bits 2i..2i+1 → sub-block i), their
+    low nibbles (4 bytes, low nibble first), 8 × 16 bytes of nibbles (low ones first) → per 32-weight
+    sub-block scale d·(scale − 32) float32 [n, 8], codebook values int8 [n, 256]."""
+    low = _bit_planes(blocks[:, 4:8], bits=4, planes=2).transpose(1, 2).reshape(-1, 8)
+    high = _bit_planes(blocks[:, 2:4], bits=2, planes=4).transpose(1, 2).reshape(-1, 8)
+    scale = _f16(blocks, 0) * ((low | (high << 4)).view(torch.int8) - 32).float()
+    nibbles = unpack_nibbles(blocks[:, 8:].reshape(-1, 8, 16)).reshape(-1, QK_K)
+    return scale, IQ4_VALUES[nibbles.int()]
+
+
+def dequantize_iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_iq4_xs(blocks)
+    return _scaled_sub_blocks(q, scale)
 
 
 BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -146,9 +227,14 @@ BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Te
     Q.Q4_0: dequantize_q4_0,
     Q.Q4_1: dequantize_q4_1,
     Q.Q5_0: dequantize_q5_0,
+    Q.Q5_1: dequantize_q5_1,
+    Q.Q2_K: dequantize_q2_k,
+    Q.Q3_K: dequantize_q3_k,
     Q.Q4_K: dequantize_q4_k,
     Q.Q5_K: dequantize_q5_k,
     Q.Q6_K: dequantize_q6_k,
+    Q.IQ4_NL: dequantize_iq4_nl,
+    Q.IQ4_XS: dequantize_iq4_xs,
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 SUPPORTED_TYPES = frozenset((*FLOAT_TYPES, *BLOCK_DEQUANTIZERS))

@@ -12,22 +12,34 @@ from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_q4_0, split_q4_1, split_q4_k,
-                                        split_q6_k, split_q8_0, unpack_nibbles)
+from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_iq4_nl, split_iq4_xs, split_q3_k,
+                                        split_q4_0, split_q4_1, split_q4_k, split_q6_k, split_q8_0, unpack_nibbles)
 from llmpipe.quant.formats import Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 
-GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 block and per Q4_K sub-block
-Q6_K_SUB_BLOCK = 16
+GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 / IQ4_NL block, per Q4_K / IQ4_XS sub-block
+K_SUB_BLOCK = 16  # weights per Q3_K / Q6_K sub-block
 # The ggml types that are llmpipe weight formats exactly (read_quantized): the kernels run them on
 # their codes. Q5_0 stays the file's blocks (unpacked a row at a time in the kernels); Q6_K's 6-bit codes
-# ride in int8 (1.25 bytes a weight where the file has 0.82).
+# ride in int8 (1.25 bytes a weight where the file has 0.82), as do Q3_K's −4..3 (1.25 where it has 0.43)
+# and IQ4_NL / IQ4_XS's codebook values (1.125 where it has 0.56 / 0.53). Q2_K and Q5_1 are dequantized:
+# their offsets need int4 groups of 16 (the INT4 kernels take multiples of 32) or 5-bit codes.
 NATIVE_FORMATS = {
     GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q4_K: ("int4", GGML_BLOCK),
     GGMLQuantizationType.Q5_0: ("q5_0", GGML_BLOCK),
-    GGMLQuantizationType.Q6_K: ("int8", Q6_K_SUB_BLOCK),
+    GGMLQuantizationType.Q3_K: ("int8", K_SUB_BLOCK),
+    GGMLQuantizationType.Q6_K: ("int8", K_SUB_BLOCK),
     GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
+    GGMLQuantizationType.IQ4_NL: ("int8", GGML_BLOCK),
+    GGMLQuantizationType.IQ4_XS: ("int8", GGML_BLOCK),
+}
+# Types held as int8 codes with float32 sub-block scales: (codes, scales) of [n blocks, type size] bytes.
+INT8_SPLITS = {
+    GGMLQuantizationType.Q3_K: split_q3_k,
+    GGMLQuantizationType.Q6_K: split_q6_k,
+    GGMLQuantizationType.IQ4_NL: split_iq4_nl,
+    GGMLQuantizationType.IQ4_XS: split_iq4_xs,
 }
 
 
@@ -91,14 +103,16 @@ def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedW
     """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
     ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
     Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q is int8 with
-    group-32 scales, Q6_K's d·scale·(q − 32) int8 with group-16 ones; Q5_0 keeps its blocks."""
+    group-32 scales, Q6_K's d·scale·(q − 32) and Q3_K's d·(scale − 32)·q int8 with group-16 ones, IQ4_NL's
+    d·kvalue and IQ4_XS's d·(scale − 32)·kvalue int8 with group-32 ones (the scale a float32 product, as
+    ggml's); Q5_0 keeps its blocks."""
     out = rows.shape[0]
     if qtype == GGMLQuantizationType.Q5_0:
         return Q5_0Weight(rows.reshape(out, -1).contiguous())
     blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
-    if qtype == GGMLQuantizationType.Q6_K:
-        scale, q = split_q6_k(blocks)
-        return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), Q6_K_SUB_BLOCK)
+    if qtype in INT8_SPLITS:
+        scale, q = INT8_SPLITS[qtype](blocks)
+        return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), NATIVE_FORMATS[qtype][1])
     if qtype == GGMLQuantizationType.Q8_0:
         scale, q = split_q8_0(blocks)
         return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)

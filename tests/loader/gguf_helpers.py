@@ -19,6 +19,10 @@ GGUF_ARCH_OF = {"llama_gqa": "llama", "llama_mha": "llama", "llama_mqa": "llama"
                 "qwen2": "qwen2", "qwen3": "qwen3"}
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
 TensorSpec = np.ndarray | tuple[np.ndarray, GGMLQuantizationType]
+# A Llama whose every linear layer's rows are whole 256-weight super-blocks (K-quants, IQ4_XS).
+WIDE_LLAMA = dict(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                  tie_word_embeddings=False)
 
 
 def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
@@ -33,7 +37,8 @@ def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -
 
 
 def write_gguf(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[str, TensorSpec]) -> Path:
-    """Float32/float16 arrays are stored as is; (array, type) pairs are quantized by gguf.quants."""
+    """Float32/float16 arrays are stored as is; (array, type) pairs are quantized by gguf.quants, or
+    written as they are where the array is uint8: raw blocks [rows, bytes per row] of that type."""
     writer = gguf.GGUFWriter(path, arch)
     for key, value in metadata.items():
         if isinstance(value, bool):
@@ -49,7 +54,8 @@ def write_gguf(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[st
     for name, spec in tensors.items():
         if isinstance(spec, tuple):
             data, qtype = spec
-            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            raw = data if data.dtype == np.uint8 else gguf.quants.quantize(data, qtype)
+            writer.add_tensor(name, raw, raw_dtype=qtype)
         else:
             writer.add_tensor(name, spec)
     writer.write_header_to_file()
@@ -98,6 +104,20 @@ def hf_tensors(
         assert name is not None, hf_name
         tensors[name] = (data, qtypes[hf_name]) if hf_name in qtypes else data
     return tensors
+
+
+def wide_llama(seed: int = 0) -> tuple[dict[str, Any], dict[str, TensorSpec]]:
+    """The metadata and float32 GGUF tensors of a random-weight WIDE_LLAMA (no tokenizer: prompts are ids)."""
+    import transformers
+
+    config = transformers.LlamaConfig(**WIDE_LLAMA)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.05)
+    return hf_metadata(config, "llama"), hf_tensors(model.state_dict(), config, "llama", {})
 
 
 def llama_cpp_rope_freqs(theta: float, dim: int, scaling: dict[str, float]) -> np.ndarray:

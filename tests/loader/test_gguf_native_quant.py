@@ -1,7 +1,9 @@
-"""GGUF Q4_0 / Q4_1 / Q4_K / Q5_0 / Q6_K / Q8_0 weights kept quantized: ggml's weights exactly, and the same model
-as the dequantized float one."""
+"""GGUF Q4_0 / Q4_1 / Q4_K / Q5_0 / Q3_K / Q6_K / Q8_0 / IQ4_NL / IQ4_XS weights kept quantized: ggml's weights
+exactly, and the same model as the dequantized float one."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +15,8 @@ from llmpipe import LLM, SamplingParams
 from llmpipe.loader.gguf_weights import NATIVE_FORMATS, native_weight
 from llmpipe.quant.formats import Int4Weight, Int8Weight, Q5_0Weight
 from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear
-from tests.loader.test_gguf_quants import K_QUANT_SCALE_OFFSETS, random_blocks, random_weights
+from tests.loader.gguf_helpers import wide_llama, write_gguf
+from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS, random_blocks, random_weights
 from tests.models.test_llama_parity import PROMPT
 
 QTYPES = {
@@ -33,7 +36,7 @@ QTYPES = {
 
 @pytest.mark.parametrize("qtype", list(NATIVE_FORMATS), ids=lambda q: q.name)
 def test_a_native_weight_dequantizes_to_ggmls_weights_bit_for_bit(qtype):
-    raw = random_blocks(qtype) if qtype in K_QUANT_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
+    raw = random_blocks(qtype) if qtype in RANDOM_BLOCK_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
     weight = native_weight(qtype, torch.from_numpy(raw))
     kind, group = NATIVE_FORMATS[qtype]
     assert isinstance(weight, {"int4": Int4Weight, "int8": Int8Weight, "q5_0": Q5_0Weight}[kind])
@@ -125,3 +128,60 @@ def test_q5_0_blocks_decode_what_their_int8_codes_decode(tiny_gguf, monkeypatch,
             assert a.outputs[0].token_ids == b.outputs[0].token_ids
             assert [{t: p.logprob for t, p in step.items()} for step in a.outputs[0].logprobs] == \
                 [{t: p.logprob for t, p in step.items()} for step in b.outputs[0].logprobs]
+
+
+# The types of Q3_K_M / Q2_K / IQ4_XS / IQ4_NL / Q5_1 files, in a model whose rows are whole super-blocks: random
+# blocks with float16 scales that give weights about the float model's size (Q5_1 quantizes the model's own).
+RANDOM_BLOCK_SCALES = {Q.Q2_K: 0.003, Q.Q3_K: 0.002, Q.IQ4_NL: 0.001, Q.IQ4_XS: 6e-5}
+WIDE_QTYPES = {
+    **{f"blk.0.attn_{x}.weight": Q.Q3_K for x in "qkv"},  # int8, groups of 16
+    "blk.0.attn_output.weight": Q.IQ4_XS,
+    "blk.0.ffn_gate.weight": Q.IQ4_NL,
+    "blk.0.ffn_up.weight": Q.IQ4_NL,
+    "blk.0.ffn_down.weight": Q.Q2_K,  # dequantized
+    **{f"blk.1.attn_{x}.weight": Q.Q5_1 for x in "qkv"},  # dequantized
+    "blk.1.attn_output.weight": Q.Q3_K,
+    "blk.1.ffn_gate.weight": Q.IQ4_XS,  # with an IQ4_NL up: both int8 groups of 32, one layer
+    "blk.1.ffn_up.weight": Q.IQ4_NL,
+    "blk.1.ffn_down.weight": Q.IQ4_XS,
+    "output.weight": Q.Q3_K,
+}
+
+
+def write_wide_llama(tmp_path: Path) -> tuple[Path, Path]:
+    """A GGUF with WIDE_QTYPES' tensors as raw blocks, and its float twin: those tensors as gguf.quants
+    dequantizes them."""
+    metadata, tensors = wide_llama()
+    floats = dict(tensors)
+    for seed, (name, qtype) in enumerate(WIDE_QTYPES.items()):
+        weight = tensors[name]
+        raw = (quants.quantize(weight, qtype) if qtype == Q.Q5_1
+               else random_blocks(qtype, seed, weight.shape, RANDOM_BLOCK_SCALES[qtype]))
+        tensors[name] = (raw, qtype)
+        floats[name] = quants.dequantize(raw, qtype).astype(np.float32)
+    return (write_gguf(tmp_path / "quantized.gguf", "llama", metadata, tensors),
+            write_gguf(tmp_path / "float.gguf", "llama", metadata, floats))
+
+
+def test_q3_k_and_iq4_stay_quantized_q2_k_and_q5_1_dequantize_and_all_compute_the_float_model(tmp_path):
+    quantized, floats = write_wide_llama(tmp_path)
+    native = LLM(str(quantized), activation_quantization=None, progress=False)
+    dense = LLM(str(floats), dtype="float32", progress=False)
+    layers = native.engine.model.model.layers
+    int8_groups = {"0.qkv": (layers[0].self_attn.qkv_proj, 16), "0.o": (layers[0].self_attn.o_proj, 32),
+                   "0.gate_up": (layers[0].mlp.gate_up_proj, 32), "1.o": (layers[1].self_attn.o_proj, 16),
+                   "1.gate_up": (layers[1].mlp.gate_up_proj, 32), "1.down": (layers[1].mlp.down_proj, 32),
+                   "head": (native.engine.model.lm_head, 16)}
+    for where, (module, group) in int8_groups.items():
+        assert isinstance(module, Int8Linear) and module.group_size == group, where
+    assert not isinstance(layers[0].mlp.down_proj, (Int4Linear, Int8Linear))  # Q2_K
+    assert not isinstance(layers[1].self_attn.qkv_proj, (Int4Linear, Int8Linear))  # Q5_1
+    assert native.engine.weight_bytes < dense.engine.weight_bytes
+    torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
+    dequantized = LLM(str(quantized), dtype="float32", progress=False)  # llmpipe's dequantizers: the same weights
+    assert torch.equal(dequantized.engine.score(PROMPT), dense.engine.score(PROMPT))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompt = [{"prompt_token_ids": PROMPT}]
+    tokens = [llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+              for llm in (native, dense, LLM(str(quantized), progress=False))]  # the last: default activations
+    assert tokens[0] == tokens[1] == tokens[2]

@@ -13,9 +13,13 @@ Q = GGMLQuantizationType
 ROWS, COLS = 48, 768  # three 256-weight super-blocks per row
 
 # Types gguf.quants can quantize: round-trip real float data through them.
-QUANTIZABLE = [Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0]
-# K-quants (gguf.quants only dequantizes them): random bytes, with finite float16 scales at these offsets.
-K_QUANT_SCALE_OFFSETS = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+QUANTIZABLE = [Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+# Random bytes (every bit pattern; the only way for K-quants and IQ types, which gguf.quants only
+# dequantizes), with finite float16 scales at these offsets.
+RANDOM_BLOCK_SCALE_OFFSETS = {
+    Q.Q5_1: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,), Q.IQ4_XS: (0,),
+}
 
 
 def random_weights(seed: int = 0) -> np.ndarray:
@@ -26,14 +30,16 @@ def random_weights(seed: int = 0) -> np.ndarray:
     return weights
 
 
-def random_blocks(qtype: GGMLQuantizationType, seed: int = 0) -> np.ndarray:
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
+def random_blocks(qtype: GGMLQuantizationType, seed: int = 0, shape: tuple[int, int] = (ROWS, COLS),
+                  scale: float = 0.01) -> np.ndarray:
+    """Raw blocks [rows, bytes per row] of random bytes whose float16 scales are normal(0, scale)."""
+    (rows, cols), (block_size, type_size) = shape, GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, size=(ROWS, COLS // block_size, type_size), dtype=np.uint8)
-    for offset in K_QUANT_SCALE_OFFSETS[qtype]:
-        scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype(np.float16)
+    blocks = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
+    for offset in RANDOM_BLOCK_SCALE_OFFSETS[qtype]:
+        scales = (rng.standard_normal(blocks.shape[:2]) * scale).astype(np.float16)
         blocks[..., offset : offset + 2] = scales[..., None].view(np.uint8)
-    return blocks.reshape(ROWS, -1)
+    return blocks.reshape(rows, -1)
 
 
 def assert_matches_reference(raw: np.ndarray, qtype: GGMLQuantizationType) -> None:
@@ -48,9 +54,10 @@ def test_dequantize_matches_gguf_reference_on_quantized_weights(qtype):
     assert_matches_reference(quants.quantize(random_weights(), qtype), qtype)
 
 
-@pytest.mark.parametrize("qtype", list(K_QUANT_SCALE_OFFSETS), ids=lambda q: q.name)
-def test_dequantize_matches_gguf_reference_on_random_k_quant_blocks(qtype):
+@pytest.mark.parametrize("qtype", list(RANDOM_BLOCK_SCALE_OFFSETS), ids=lambda q: q.name)
+def test_dequantize_matches_gguf_reference_on_random_blocks(qtype):
     assert_matches_reference(random_blocks(qtype), qtype)
+    assert_matches_reference(random_blocks(qtype, seed=1, scale=1e-6), qtype)  # float16 subnormal scales
 
 
 def test_f16_and_f32_pass_through_with_their_dtype():
@@ -83,4 +90,5 @@ def test_split_functions_expose_the_fields_int_kernels_repack():
 
 def test_supported_types_are_exactly_the_documented_ones():
     names = {q.name for q in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                     "Q6_K", "IQ4_NL", "IQ4_XS"}

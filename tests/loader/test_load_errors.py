@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from safetensors.torch import load_file, save_file
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.loader import aliases, load_checkpoint, resolve_model
-from tests.loader.gguf_helpers import hf_metadata, hf_tensors, write_gguf
+from tests.loader.gguf_helpers import hf_metadata, hf_tensors, wide_llama, write_gguf
 
 
 def load_error(model: Path | str, error: type[Exception] = ModelLoadError) -> str:
@@ -181,11 +182,16 @@ def test_unsupported_gguf_architecture(transformers_model, tmp_path):
     assert "'phi3'" in message and "llama, qwen2, qwen3" in message
 
 
-def test_unsupported_gguf_tensor_type(transformers_model, tmp_path):
-    qtypes = {"model.layers.0.self_attn.v_proj.weight": Q.Q5_1}
-    path = gguf_from(transformers_model, tmp_path / "model.gguf", qtypes=qtypes)
+@pytest.mark.parametrize("qtype", [Q.IQ2_XXS, Q.IQ3_S, Q.TQ1_0], ids=lambda q: q.name)
+def test_unsupported_gguf_tensor_type(tmp_path, qtype):
+    metadata, tensors = wide_llama()
+    rows, cols = tensors["blk.0.attn_v.weight"].shape
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(0).integers(0, 256, (rows, cols // block_size * type_size), dtype=np.uint8)
+    path = write_gguf(tmp_path / "model.gguf", "llama", metadata, tensors | {"blk.0.attn_v.weight": (raw, qtype)})
     message = load_error(path, UnsupportedModelError)
-    assert "blk.0.attn_v.weight" in message and "Q5_1" in message
+    assert f"tensor blk.0.attn_v.weight has type {qtype.name}" in message and str(path) in message
+    assert "supported: " in message and all(t in message for t in ("Q3_K", "IQ4_XS", "Q6_K", "BF16"))
 
 
 def test_partial_rotary_gguf_is_unsupported(transformers_model, tmp_path):
