@@ -115,12 +115,18 @@ def build_app(args: dict[str, Any]):
     return _ingress_class().bind(replicas, options)
 
 
+WORKER_NICENESS = "RAY_worker_niceness"  # Ray's setting, read from the environment of the process that starts it
+
+
 def start_replicas(options: argparse.Namespace, before_step: Callable[[], None] | None = None) -> list:
     """Ray on this machine (or the cluster RAY_ADDRESS names), the replicas running, their handles."""
     from llmpipe.cli import engine_kwargs
 
     ray, serve = require_ray()
     if not ray.is_initialized():
+        # Ray starts its workers at nice 15, as background work; here they are the server's engines,
+        # which anything else on the machine would starve (a replica stepped ~10x slower beside two busy loops).
+        os.environ.setdefault(WORKER_NICENESS, "0")
         ray.init(include_dashboard=False, logging_level="warning", log_to_driver=False)
         # A cluster may grow; this machine will not, and Ray would wait for the CPUs forever.
         shortfall = None if os.environ.get("RAY_ADDRESS") else cpu_shortfall(ray.cluster_resources().get("CPU", 0), options)

@@ -50,6 +50,9 @@ def run_engine_core(
         core = EngineCore(config)
     except Exception as err:  # a bad path, a corrupt file, an unsupported architecture: one line for the CLI
         transport.outputs.send_multipart([FAILED, str(err).encode()])
+        # The API server terminates a core that failed as soon as it reads why: a SIGTERM inside
+        # destroy's linger must end the process quietly, not raise SystemExit through a socket's __del__.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         context.destroy(linger=2000)
         raise SystemExit(1) from None
     core.fault_in_kv_cache()  # a server lives long: its start-up pays the page faults, not its requests

@@ -234,7 +234,9 @@ def test_a_list_of_256_prompts_joins_a_stream_at_the_stall_of_a_full_batch(tiny_
     """The prompts of one request are sequences as separate requests are, under the same step cap:
     beside a lone stream, a step carries at most max_stall x a decode step of a full batch of prefill
     (before, 127 of these prompts, 1,524 tokens, went into one step) and the stream decodes in every step."""
-    llm = LLM(tiny_path, progress=False, max_decode_stall=2.5, max_num_seqs=128)
+    # No prefix caching: a prompt sharing its first tokens with one computed in an earlier step would
+    # prefill fewer tokens, and which steps those are depends on when the request lands.
+    llm = LLM(tiny_path, progress=False, max_decode_stall=2.5, max_num_seqs=128, enable_prefix_caching=False)
     core = llm.engine.core
     core.step_costs = FixedCosts(2.5, 128)
     steps: list[tuple[set[str], int]] = []  # per step: the requests decoding, the prefill tokens
