@@ -260,7 +260,7 @@ def test_a_list_of_256_prompts_joins_a_stream_at_the_stall_of_a_full_batch(tiny_
             assert listed.status_code == 200 and len(listed.json()["choices"]) == 256
         wait_until(lambda: not core.has_unfinished_requests(), "the stream's abort")
     streamer = next(iter(steps[1][0]))
-    admitting = [i for i, (_, prefill) in enumerate(steps) if i > 1 and prefill]
+    admitting = [i for i, (_, prefill) in enumerate(steps) if i >= 1 and prefill]  # step 0: the stream's prompt
     cap = core.step_costs.rows_within(2.5 * core.step_costs.cost(128))  # 2.5 x 138 ms: 335 rows
     assert sum(steps[i][1] for i in admitting) == 256 * 12
     for i in range(admitting[0], admitting[-1] + 1):
