@@ -29,7 +29,7 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv_heads: int | Non
 # Published configs (config.json of each model), for planning without the checkpoint.
 NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
     "llama-7b": _llama(4096, 11008, 32, 32),  # Llama 2 7B
-    "llama-13b": _llama(5120, 13824, 40, 40),  # Llama 2 13B: the seeds' "13B model" (40 layers, 5,120 hidden)
+    "llama-13b": _llama(5120, 13824, 40, 40),  # Llama 2 13B: the textbook "13B model" (40 layers, 5,120 hidden)
     "llama-70b": _llama(8192, 28672, 80, 64, kv_heads=8),
     "llama3-8b": _llama(4096, 14336, 32, 32, kv_heads=8, vocab=128256, context=8192, rope_theta=500000.0),
     "mistral-7b": _llama(4096, 14336, 32, 32, kv_heads=8, context=32768),
@@ -43,7 +43,7 @@ class WeightBytes:
     params: int
     quantized_params: int
     resident: int  # what the engine holds: quantized weights with their scales, the rest in dtype
-    uniform: int  # every parameter at the nominal width, no scales: the seeds' arithmetic
+    uniform: int  # every parameter at the nominal width, no scales: the textbook arithmetic
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, group_size: int = 128,
@@ -117,7 +117,7 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
 
 
 def rounding_notes(plan: MemoryPlan) -> list[str]:
-    """Where round figures (like the seeds' "about 1 MiB per token") part from the exact ones."""
+    """Where round figures (like the textbook "about 1 MiB per token") part from the exact ones."""
     w, notes = plan.weights, []
     if w.uniform != w.resident:
         width = NOMINAL_BYTES.get(plan.quantization, DTYPES[plan.dtype].itemsize)
@@ -129,7 +129,7 @@ def rounding_notes(plan: MemoryPlan) -> list[str]:
         if w.quantized_params < w.params:
             why.append(f"{w.params - w.quantized_params:,} parameters left in {plan.dtype} (norms, untied embedding)")
         notes.append(f"{w.params:,} parameters × {width:g} B = {w.uniform / 1e9:.2f} GB is the every-parameter-at-"
-                     f"nominal-width figure (the seeds' arithmetic); resident {w.resident / 1e9:.2f} GB adds "
+                     f"nominal-width figure (the textbook arithmetic); resident {w.resident / 1e9:.2f} GB adds "
                      + " and ".join(why))
     mib = plan.kv_bytes_per_token / 2**20
     rounded = round(mib)

@@ -1,4 +1,4 @@
-"""How closely one engine configuration follows a reference one: the bar issue 17 sets a fast path
+"""How closely one engine configuration follows a reference one: the bar a fast path
 against before it may become the default ("its logits agree with the exact path as llama.cpp's agree
 with transformers").
 

@@ -40,7 +40,7 @@ def test_v32_style_mla_at_a_million_tokens_is_83_9_gib():
     assert round(p.kv_bytes_per_sequence / GIB, 1) == 83.9
     assert p.kv_bytes_per_token == 61 * 704 * 2 == 85_888
     v4 = plan("deepseek-v4-pro", MILLION).kv_bytes_per_sequence
-    assert round(v4 / p.kv_bytes_per_sequence, 3) == 0.115  # the seeds' "about 10%"
+    assert round(v4 / p.kv_bytes_per_sequence, 3) == 0.115  # the textbook "about 10%"
 
 
 @pytest.mark.parametrize("name,context,published,with_window", [

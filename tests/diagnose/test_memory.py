@@ -1,4 +1,4 @@
-"""`llmpipe memory`: the seeds' figures, parameter counts against transformers, bytes by hand."""
+"""`llmpipe memory`: the textbook figures, parameter counts against transformers, bytes by hand."""
 
 import json
 import math
@@ -21,7 +21,7 @@ SEED_PARAMS = 7_000_000_000
 def test_seed_7b_weights_at_each_width(dtype, quantization, seed_gb):
     w = weight_bytes(NAMED_ARCHITECTURES["llama-7b"], dtype, quantization, params=SEED_PARAMS)
     assert w.params == SEED_PARAMS
-    assert w.uniform == seed_gb * 10**9  # the seeds' arithmetic is exact in decimal GB
+    assert w.uniform == seed_gb * 10**9  # the textbook arithmetic is exact in decimal GB
     if quantization is None:
         assert w.resident == w.uniform
     else:  # scales and the float leftovers (norms, the untied embedding) cost a little more
@@ -31,9 +31,9 @@ def test_seed_7b_weights_at_each_width(dtype, quantization, seed_gb):
 def test_seed_13b_kv_cache_per_token_and_at_4k():
     plan = plan_memory(NAMED_ARCHITECTURES["llama-13b"], "llama-13b", dtype="float16", context=4096)
     assert plan.kv_bytes_per_token == 2 * 40 * 5120 * 2 == 819_200  # K and V × layers × hidden × 2 bytes
-    assert plan.kv_bytes_per_token / 2**20 == 0.78125  # the seeds' "about 1 MiB"
+    assert plan.kv_bytes_per_token / 2**20 == 0.78125  # the textbook "about 1 MiB"
     assert plan.kv_bytes_per_sequence == 819_200 * 4096
-    assert plan.kv_bytes_per_sequence / 2**30 == 3.125  # the seeds' "about 4 GiB"
+    assert plan.kv_bytes_per_sequence / 2**30 == 3.125  # the textbook "about 4 GiB"
     assert any("1 MiB" in note and "4 GiB" in note and "3.125 GiB" in note for note in plan.notes)
 
 

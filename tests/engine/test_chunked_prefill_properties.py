@@ -2,7 +2,7 @@
 those of the same request run alone in one chunk, and no step raises.
 
 A step may carry only prefill chunks that end no prompt (a prompt longer than the budget, alone, or
-several prompts sharing the budget): it has no logits row (issue 42: such a step reached the
+several prompts sharing the budget): it has no logits row (such a step once reached the
 quantized LM head's kernel with 0 rows and failed every request in flight)."""
 
 from __future__ import annotations

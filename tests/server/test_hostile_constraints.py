@@ -1,4 +1,4 @@
-"""Hostile and impossible constraints against a live `llmpipe serve` (issue 42): each is answered
+"""Hostile and impossible constraints against a live `llmpipe serve`: each is answered
 with a 4xx (or a 200 where it is sound), never a 5xx, while a concurrent stream runs to its end and
 the server keeps serving. Before the sandbox, the first of these killed the server process
 (a native stack overflow while compiling) and every in-flight request with it.
@@ -40,7 +40,7 @@ def responses_schema(schema: dict) -> dict:
     return {"input": "x", "max_output_tokens": 4, "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}
 
 
-# (route, body, expected status): the probe's crashing inputs, then its wrong answers (issue 42 items 1, 4-7).
+# (route, body, expected status): the probe's crashing inputs, then the wrong answers it found.
 CASES = {
     "ref chain 3000": ("/v1/chat/completions", chat_schema(hostile.ref_chain()), 400),
     "objects nested 1000": ("/v1/chat/completions", chat_schema(hostile.nested_objects()), 400),

@@ -1,4 +1,4 @@
-"""Hostile constraints, as the outside probe of issue 42 sent them (each ≤ 110 KiB, or the one 1.4 MB
+"""Hostile constraints, as an outside probe of the server sent them (each ≤ 110 KiB, or the one 1.4 MB
 grammar), shared by the sandbox's tests and the live server's."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The grammar sandbox: untrusted constraints are bounded, then compiled in a worker process whose
-crash or overrun is a verdict for that constraint alone (issue 42). The hostile inputs crashed the
+crash or overrun is a verdict for that constraint alone. The hostile inputs crashed the
 process that compiled them (a native stack overflow) before."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Compressed attention (the seeds' DeepSeek-V4-style cache): one row per `ratio` tokens, so one block of
+"""Compressed attention (a DeepSeek-V4-style cache): one row per `ratio` tokens, so one block of
 block_size × block_rows rows spans block_size × block_rows × ratio tokens and is never freed while the
 sequence runs.
 

@@ -3,7 +3,7 @@
 
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or kernel op call each, with Python between them, the calls cost more
-than streaming the weights (issue 17's profile: ~3,200 ATen ops per token). The kernel runs every
+than streaming the weights (profiled: ~3,200 ATen ops per token). The kernel runs every
 layer of a decode-only batch (up to MAX_BATCH rows) in one OpenMP region, and the body's final norm;
 the embedding and the LM head stay in PyTorch (one call each). (Each op between the kernels costs several
 times its warm cost here: a step streams every weight through the caches, so the Python and PyTorch
