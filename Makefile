@@ -42,6 +42,7 @@ demo: $(RUNTIME)
 # Two pytest workers with one thread each use both cores without oversubscribing them (small ops
 # slow down many times when two-thread teams wait on a busy core); a file's tests share a worker.
 test: $(TESTENV) $(BROWSER)
+	$(VENV)/bin/ruff check llmpipe tests
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(TESTENV)

@@ -21,7 +21,8 @@ def add_bench_parser(sub) -> None:
         nargs="+",
         default=["float32", "bfloat16", "int8", "int4", "gguf", "float32 no-kv-cache"],
         help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (Q4/Q8 kept as stored), "
-             "'gguf int8-act' / 'gguf int16-act' (the same with 8- / 16-bit activations: integer dot products), kv-int8, kv-int4, 'gguf kv-int8', 'float32 no-kv-cache'",
+             "'gguf int8-act' / 'gguf int16-act' (the same with 8- / 16-bit activations: integer dot products), "
+             "kv-int8, kv-int4, 'gguf kv-int8', 'float32 no-kv-cache'",
     )
     latency.add_argument("--quantization", choices=["int8", "int4"], default=None, help="add a variant with these weights")
     latency.add_argument("--group-size", type=int, default=128, choices=[32, 64, 128])

@@ -37,7 +37,8 @@ PROBES = {
     # the first constraint: the engine's grammar vocabulary is built, the grammar workers start
     "a small JSON schema (first use)": ("/v1/completions", {"prompt": "x", "max_tokens": 4, "structured_outputs": {
         "json": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}),
-    "3,000-rule GBNF grammar": ("/v1/completions", {"prompt": "x", "max_tokens": 4, "guided_grammar": _chain("r{} ::= r{}", 3000, "::=")}),
+    "3,000-rule GBNF grammar": ("/v1/completions", {"prompt": "x", "max_tokens": 4,
+                                                    "guided_grammar": _chain("r{} ::= r{}", 3000, "::=")}),
     "3,000-rule Lark grammar": ("/v1/completions", {"prompt": "x", "max_tokens": 4,
                                                     "structured_outputs": {"grammar": _chain("r{}: r{}", 3000, ":")}}),
     "$ref chain of 3,000": ("/v1/completions", {"prompt": "x", "max_tokens": 4, "structured_outputs": {"json": {

@@ -185,5 +185,5 @@ def ratio_table(rows: list[dict]) -> str:
         return "-" if value is None else f"{value:.2f}"
 
     header = ["concurrency", "out tok/s ×", "TTFT p99 ×", "ITL p50 ×", "our ITL p99/p50", "our failures"]
-    return format_table([header] + [[str(r["max_concurrency"]), fmt(r["output_throughput"]), fmt(r["ttft_p99"]), fmt(r["itl_p50"]),
-             fmt(r["itl_p99_over_p50"]), str(r["failed"])] for r in rows])
+    return format_table([header] + [[str(r["max_concurrency"]), fmt(r["output_throughput"]), fmt(r["ttft_p99"]),
+                                     fmt(r["itl_p50"]), fmt(r["itl_p99_over_p50"]), str(r["failed"])] for r in rows])

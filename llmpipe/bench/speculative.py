@@ -72,7 +72,9 @@ def decode_time(output: RequestOutput) -> tuple[int, float]:
     return len(times) - 1, times[-1] - times[0]
 
 
-def run_set(llm: LLM, prompts: list[str], params: SamplingParams, reference: list[list[int]] | None) -> tuple[SetResult, list[list[int]]]:
+def run_set(
+    llm: LLM, prompts: list[str], params: SamplingParams, reference: list[list[int]] | None
+) -> tuple[SetResult, list[list[int]]]:
     result, outputs = SetResult(), []
     for i, prompt in enumerate(prompts):
         output = llm.chat([{"role": "user", "content": prompt}], params)[0]
@@ -133,7 +135,8 @@ def table(report: dict) -> str:
             f"{r['mean_accepted_length']:.2f}" if "mean_accepted_length" in r else "-",
             r["same_greedy_tokens"] if r["method"] != "none" else "-",
         ])
-    return format_table(rows) + f"\nk = {report['num_speculative_tokens']}, target float32, greedy, {report['output_len']} tokens per prompt"
+    footer = f"k = {report['num_speculative_tokens']}, target float32, greedy, {report['output_len']} tokens per prompt"
+    return format_table(rows) + "\n" + footer
 
 
 def main(args) -> None:

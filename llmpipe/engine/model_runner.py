@@ -115,7 +115,8 @@ class ModelRunner:
         logit_rows += prompt_rows
         metas = self._layer_metadata(decode_tables, lens, chunks)
         ids_t = torch.tensor(ids, device=self.device)
-        return ids_t, torch.tensor(positions, device=self.device), metas, torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
+        return ids_t, torch.tensor(positions, device=self.device), metas, rows
 
     def _layer_metadata(self, decode_tables: list[list[BlockTable]], lens: list[int], chunks: list[ChunkTables]):
         """Each group's metadata, built by its kind; every layer receives its group's."""

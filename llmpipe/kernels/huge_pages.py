@@ -56,18 +56,23 @@ def fault_in(tensor: torch.Tensor) -> None:
 
 def moved(tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` itself if small or not on the CPU, else a copy on huge-page-advised memory."""
-    if tensor.device.type != "cpu" or tensor.numel() * tensor.element_size() < MIN_BYTES:
-        return tensor
-    return zeros(tensor.shape, tensor.dtype).copy_(tensor)
+    return zeros(tensor.shape, tensor.dtype).copy_(tensor) if _large_cpu(tensor) else tensor
 
 
-def place_weights(model: nn.Module) -> None:
+def _large_cpu(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cpu" and tensor.numel() * tensor.element_size() >= MIN_BYTES
+
+
+def place_weights(model: nn.Module, fresh: bool = False) -> None:
     """Give every large CPU parameter and buffer of a freshly allocated (`to_empty`) model huge-page
-    memory, before its weights are copied in; a tensor shared by several modules stays shared."""
+    memory, before its weights are copied in; a tensor shared by several modules stays shared.
+    `fresh`: the new memory stays untouched zeros instead of a copy of the old values (`to_empty`'s
+    are garbage), so a page becomes resident only when a weight is written to it."""
+    place = (lambda t: zeros(t.shape, t.dtype) if _large_cpu(t) else t) if fresh else moved
     replaced: dict[int, torch.Tensor] = {}
     for param in model.parameters():
-        param.data = moved(param.data)
+        param.data = place(param.data)
     for module in model.modules():
         for name, buffer in module._buffers.items():
             if buffer is not None:
-                module._buffers[name] = replaced.setdefault(id(buffer), moved(buffer))
+                module._buffers[name] = replaced.setdefault(id(buffer), place(buffer))

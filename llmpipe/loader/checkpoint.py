@@ -67,14 +67,18 @@ class Checkpoint:
         stored where `plan` asks for exactly the format the checkpoint holds (no float round trip).
 
         Float tensors of a GGUF may be views of its copy-on-write mapping (writes never reach the file).
+        Once the consumer asks for the next tensor, the last one's mapped pages are let go (a GGUF's
+        `release_pages`): the file is resident one tensor at a time, not whole beside the model.
         """
         names = list(expected_weight_shapes(self.config))
         native = getattr(self.source, "native_format", lambda name: None)
+        release = getattr(self.source, "release_pages", lambda name: None)
         bar = tqdm(names, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False)
         for name in bar:
             fmt = (plan or {}).get(name)
             keep = fmt is not None and native(name) == fmt
             yield name, self.source.read_quantized(name) if keep else self.source.read(name)
+            release(name)
 
 
 def load_checkpoint(model: str) -> Checkpoint:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,19 @@ class _FastGGUFReader(GGUFReader):
     @data.setter
     def data(self, value: np.ndarray) -> None:
         self._mapped = value.view(np.ndarray)
+        self.mapping: mmap.mmap | None = getattr(value, "_mmap", None)  # np.memmap's; None for an empty file
+
+    def release_pages(self, tensor: ReaderTensor) -> None:
+        """Unmap the pages of a tensor's data once it has been copied out (MADV_DONTNEED): they leave
+        this process's RSS (the page cache may keep them). The map is private and never written, so a
+        later read of these pages, or of a neighbour's sharing a boundary page, faults them in from the file again."""
+        advice = getattr(mmap, "MADV_DONTNEED", None)
+        if self.mapping is None or advice is None:
+            return
+        start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+        end = min(tensor.data_offset + tensor.n_bytes, len(self.mapping))
+        if end > start:
+            self.mapping.madvise(advice, start, end - start)
 
 
 def open_gguf(path: Path) -> GGUFReader:

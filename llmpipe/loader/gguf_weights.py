@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -41,6 +42,9 @@ INT8_SPLITS = {
     GGMLQuantizationType.IQ4_NL: split_iq4_nl,
     GGMLQuantizationType.IQ4_XS: split_iq4_xs,
 }
+# Rows converted at a time: a tensor's conversion temporaries (unpacked nibbles, strided copies) stay
+# this many bytes of the file or so, not a whole embedding's worth.
+CHUNK_BYTES = 16 << 20
 
 
 class GGUFWeights:
@@ -48,6 +52,7 @@ class GGUFWeights:
 
     def __init__(self, reader: GGUFReader, path: Path, arch: GGUFArchitecture, config: ModelConfig) -> None:
         self.path = path
+        self._reader = reader
         self.file_bytes = path.stat().st_size
         self._shift_norms = arch.norms_store_one_plus_weight
         self._tensors: dict[str, ReaderTensor] = {}
@@ -94,12 +99,43 @@ class GGUFWeights:
         tensor = self._tensors[name]
         return tensor.tensor_type, self._unpermute(name, torch.from_numpy(tensor.data))
 
+    def release_pages(self, name: str) -> None:
+        """Drop the file pages of a tensor already copied into the model from this process's RSS."""
+        release = getattr(self._reader, "release_pages", None)
+        if release is not None:
+            release(self._tensors[name])
+
     def _unpermute(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         heads = self._heads.get(name)
         return rows if heads is None else unpermute_rows(rows, heads)
 
 
 def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
+    """`convert_rows` over row chunks of about CHUNK_BYTES, written into one weight: the whole tensor
+    exists once, in llmpipe's format, never as a full-size temporary of an intermediate form."""
+    step = max(1, CHUNK_BYTES // max(1, rows[:1].numel()))
+    if rows.shape[0] <= step:
+        return convert_rows(qtype, rows)
+    first = convert_rows(qtype, rows[:step])
+    whole = {f.name: _rows_like(getattr(first, f.name), rows.shape[0]) for f in dataclasses.fields(first)}
+    weight = dataclasses.replace(first, **whole)
+    for start in range(0, rows.shape[0], step):
+        part = first if start == 0 else convert_rows(qtype, rows[start : start + step])
+        for f in dataclasses.fields(part):
+            value = getattr(part, f.name)
+            if isinstance(value, torch.Tensor):
+                getattr(weight, f.name)[start : start + value.shape[0]].copy_(value)
+    return weight
+
+
+def _rows_like(value: object, rows: int) -> object:
+    """An empty tensor like `value` with `rows` rows; other fields (group size) as they are."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
+
+
+def convert_rows(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
     """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
     ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
     Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q is int8 with

@@ -37,7 +37,7 @@ def build_model(
         if plan:
             quantize_linears(model, module_plan(plan, model.target_of, config.tie_word_embeddings), dtype)
     model.to_empty(device=device)
-    huge_pages.place_weights(model)
+    huge_pages.place_weights(model, fresh=True)  # pages become resident as weights arrive
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):
             module.reset_tables()

@@ -1,5 +1,5 @@
-"""The low-bit decode kernels, the torch ops torch.ops.llmpipe.* (kernels/csrc/ops.cpp): float activations (kernels/csrc/lowbit_linear.c,
-the exact path) or activation blocks quantized to 8 or 16 bits meeting the codes in integer dot
+"""The low-bit decode kernels, the torch ops torch.ops.llmpipe.* (kernels/csrc/ops.cpp): float activations
+(kernels/csrc/lowbit_linear.c, the exact path) or activation blocks quantized to 8 or 16 bits meeting the codes in integer dot
 products (kernels/csrc/lowbit_dot.c, as llama.cpp computes with 8; `reference_dot_linear` is their
 PyTorch reference).
 

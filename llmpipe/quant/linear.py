@@ -72,6 +72,19 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+PACK_CHUNK_BYTES = 16 << 20  # codes packed at a time: temporaries stay this size, not a whole LM head's
+
+
+def _shard_rows(shards: list, out_features: int) -> Iterator[tuple[int, QuantizedWeight]]:
+    """(first row in the layer, shard): shards are written in place, never concatenated first."""
+    row = 0
+    for shard in shards:
+        yield row, shard
+        row += shard.shape[0]
+    if row != out_features:
+        raise ValueError(f"shards hold {row} rows, the layer {out_features}")
+
+
 def _apply_groups(q: torch.Tensor, group_size: int, scale: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
     """q [rows, K] × scale[rows, g] (+ offset[rows, g]) per group of group_size columns; the last
     group may be narrower."""
@@ -225,9 +238,11 @@ class Int8Linear(QuantizedLinear):
         # stacked layer mixing Q5_0 and Q8_0 tensors) hold their codes as int8.
         shards = [s.to_int8() if isinstance(s, Q5_0Weight) else s for s in shards]
         self._check_group(shards, self.group_size, per_row_ok=True)
-        q = torch.cat([s.q for s in shards])
-        self.q.copy_(F.pad(q, (0, self.padded_in - q.shape[1])))
-        self.scale.copy_(torch.cat([s.scale.reshape(s.q.shape[0], -1) for s in shards]))
+        for row, s in _shard_rows(shards, self.out_features):
+            rows = slice(row, row + s.q.shape[0])
+            self.q[rows, : s.q.shape[1]].copy_(s.q)
+            self.q[rows, s.q.shape[1] :].zero_()
+            self.scale[rows].copy_(s.scale.reshape(s.q.shape[0], -1))
         self.panels = None
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
@@ -265,14 +280,19 @@ class Int4Linear(QuantizedLinear):
         perms = {None if s.in_perm is None else tuple(s.in_perm.tolist()) for s in shards}
         if len(perms) > 1:
             raise ValueError("stacked int4 shards must share one act-order permutation")
-        q = torch.cat([s.q for s in shards])
-        chunks = F.pad(q, (0, self.padded_in - q.shape[1])).view(q.shape[0], -1, 2, CHUNK // 2)
-        self.codes.copy_((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).flatten(1))
-        self.scale.copy_(torch.cat([s.scale for s in shards]))
-        self.offset.copy_(torch.cat([s.offset for s in shards]))
+        step = max(1, PACK_CHUNK_BYTES // self.padded_in)
+        for row, s in _shard_rows(shards, self.out_features):
+            for start in range(0, s.q.shape[0], step):
+                self._pack_codes(row + start, s.q[start : start + step])
+            self.scale[row : row + s.q.shape[0]].copy_(s.scale)
+            self.offset[row : row + s.q.shape[0]].copy_(s.offset)
         if shards[0].in_perm is not None:
             self.in_perm = shards[0].in_perm.to(self.codes.device)
         self.panels = None
+
+    def _pack_codes(self, row: int, q: torch.Tensor) -> None:
+        chunks = F.pad(q, (0, self.padded_in - q.shape[1])).view(q.shape[0], -1, 2, CHUNK // 2)
+        self.codes[row : row + q.shape[0]].copy_((chunks[:, :, 0] | (chunks[:, :, 1] << 4)).flatten(1))
 
     def kernel_input(self, x: torch.Tensor) -> torch.Tensor:
         return super().kernel_input(x if self.in_perm is None else x.index_select(1, self.in_perm))
@@ -327,7 +347,8 @@ class Q5_0Linear(QuantizedLinear):
         raise ValueError("Q5_0 weights come from GGUF files; float weights quantize to int8 or int4")
 
     def pack(self, shards: list[Q5_0Weight]) -> None:
-        self.blocks.copy_(torch.cat([s.blocks for s in shards]))
+        for row, s in _shard_rows(shards, self.out_features):
+            self.blocks[row : row + s.blocks.shape[0]].copy_(s.blocks)
         self.panels = None
 
     def int8_form(self, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,8 @@ def add_serve_parser(sub) -> None:
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with /metrics and a web playground")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health and / (docs included)")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every route but /health and / (docs included)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     serve.add_argument("--max-waiting", type=int, default=512, help="queued requests before new ones get 503")
     serve.add_argument(
@@ -58,9 +59,10 @@ def _positive(value: str) -> int:
 
 def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None = None) -> None:
     """Start the engine core process (or, with --data-parallel-size N, N engine replicas on Ray Serve:
-    llmpipe/deploy/), then serve HTTP from this one until SIGINT / SIGTERM, or until the core dies (then every request in flight gets an error and the server exits with status 1,
-    for a supervisor to restart it). `before_step`: see CoreLoop (tests pace the engine with it);
-    it runs in the core process, so it must be picklable."""
+    llmpipe/deploy/), then serve HTTP from this one until SIGINT / SIGTERM, or until the core dies (then
+    every request in flight gets an error and the server exits with status 1, for a supervisor to restart it).
+    `before_step`: see CoreLoop (tests pace the engine with it); it runs in the core process, so it must be
+    picklable."""
     # SIGINT or SIGTERM while loading stops it as Ctrl-C does (KeyboardInterrupt unwinds what has
     # started), even where SIGINT came in ignored (a script's background job): uvicorn honours both
     # once serving, so the signals mean the same before that.

@@ -92,8 +92,10 @@ class CompletionFormat(Format):
         return {
             "tokens": tokens,
             "token_logprobs": [None if entry is None else entry[tid].logprob for tid, entry in zip(token_ids, entries)],
-            "top_logprobs": [None if entry is None else {self._token(t, lp): lp.logprob for t, lp in _top(entry, self.top_logprobs)}
-                             for entry in entries],
+            "top_logprobs": [
+                None if entry is None else {self._token(t, lp): lp.logprob for t, lp in _top(entry, self.top_logprobs)}
+                for entry in entries
+            ],
             "text_offset": offsets,
         }
 

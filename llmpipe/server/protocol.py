@@ -425,7 +425,8 @@ class ChatMessage(_Body):
             content = "".join(part.text for part in content)
         extra = {key: getattr(self, key) for key in ("name", "tool_call_id") if getattr(self, key)}
         if self.tool_calls:
-            extra["tool_calls"] = [call.model_dump(exclude={"index"}) for call in self.tool_calls]  # arguments parsed by the template's renderer
+            # arguments parsed by the template's renderer
+            extra["tool_calls"] = [call.model_dump(exclude={"index"}) for call in self.tool_calls]
         return {"role": self.role, "content": content or "", **extra}
 
     def check_supported(self) -> None:

@@ -2,7 +2,8 @@
 
 Each request's constraint compiles on a small thread pool, cached by what it is, so the step never
 waits for it (the pool's threads run at a low priority, so a long compile yields the cores to the
-step, and on large stacks under llguidance's limits, as the front end's sandbox checked it): the scheduler holds the request back until its grammar is ready (`is_ready`). Every
+step, and on large stacks under llguidance's limits, as the front end's sandbox checked it): the
+scheduler holds the request back until its grammar is ready (`is_ready`). Every
 constrained sample gets its own matcher, a copy of the compiled one; `fill_bitmasks` fills the
 allowed-token bitmasks of a whole batch in one llguidance call (its threads, the GIL released),
 `advance` moves a sample's matcher on by each token it emits, and `fill_bitmasks_through_drafts`

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx

@@ -1,7 +1,6 @@
 """End-to-end behaviour of LLM.generate / chat / stream on a tiny checkpoint with a real tokenizer."""
 
 import pytest
-import torch
 
 from llmpipe import LLM, InvalidRequestError, SamplingParams
 
@@ -112,7 +111,8 @@ def test_logprobs_and_timing_are_recorded_per_token(llm):
     assert len(completion.logprobs) == 6
     for token, entry in zip(completion.token_ids, completion.logprobs):
         assert token in entry and entry[token].rank == 1 and len(entry) >= 3
-    assert completion.cumulative_logprob == pytest.approx(sum(e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs)))
+    logprobs = [e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs)]
+    assert completion.cumulative_logprob == pytest.approx(sum(logprobs))
     m = out.metrics
     assert m.ttft > 0 and len(m.token_times) == 6 and len(m.itl) == 5 and m.mean_itl > 0
 

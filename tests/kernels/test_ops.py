@@ -130,9 +130,11 @@ def test_a_non_contiguous_input_is_refused_by_name():
 
 def test_shapes_the_c_code_does_not_take_are_refused():
     x, codes, scale, offset, _ = lowbit_args(2, int4=True)
-    assert "x must have size 64 in dimension 1" in refusal("q5_0_linear", torch.randn(0, 32), q5_0_blocks())  # no rows: still checked
+    # no rows: still checked
+    assert "x must have size 64 in dimension 1" in refusal("q5_0_linear", torch.randn(0, 32), q5_0_blocks())
     assert "multiples of 32" in refusal("int4_linear", x, codes, scale, offset, 48)
-    assert "multiples of 32" in refusal("int4_linear", x, codes, torch.randn(48, K // 16), torch.randn(48, K // 16), 16)  # INT8 only
+    small_groups = torch.randn(48, K // 16)
+    assert "multiples of 32" in refusal("int4_linear", x, codes, small_groups, small_groups, 16)  # INT8 only
     assert "scale must have size 48 in dimension 0" in refusal("int4_linear", x, codes, scale[:40], offset, GROUP)
     assert "bits must be 8 or 16, got 4" in refusal("int4_linear_dot", x, codes, scale, offset, GROUP, 4)
     assert "int4_dequantize: offset must have size 48 in dimension 0" in refusal(

@@ -167,9 +167,10 @@ def test_the_fused_rope_write_decode_attention(batch):
     cos, sin = rotary.tables(torch.tensor(lens, dtype=torch.long) - 1, torch.float32)
     expected_cache = kv_cache.clone()
     q, k = apply_rotary(heads[:, : HEADS + KV_HEADS], cos, sin).split([HEADS, KV_HEADS], dim=1)
-    want = paged_attention(q, k, heads[:, HEADS + KV_HEADS :], expected_cache, meta, 0.25) if batch else torch.empty(0, HEADS * DIM)
-    got = attention_kernel.rope_write_decode_attention(heads.clone(), cos, sin, kv_cache, slots, table_t, meta.decode_context_lens,
-                                                       HEADS, 0.25, None)
+    v = heads[:, HEADS + KV_HEADS :]
+    want = paged_attention(q, k, v, expected_cache, meta, 0.25) if batch else torch.empty(0, HEADS * DIM)
+    got = attention_kernel.rope_write_decode_attention(heads.clone(), cos, sin, kv_cache, slots, table_t,
+                                                       meta.decode_context_lens, HEADS, 0.25, None)
     assert torch.equal(kv_cache, expected_cache)
     assert_close(got, want, batch)
 

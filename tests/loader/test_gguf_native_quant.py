@@ -94,7 +94,9 @@ def test_smollm2_int4_greedy_matches_dequantized_float32_up_to_a_near_tie():
     assert ours[:near_tie] == ref[:near_tie]
 
 
-Q5_0_QTYPES = {  # layer 0's attention and gate_up Q5_0 (its down_proj's 112 inputs are no whole blocks); layer 1's gate_up mixes Q5_0 with Q8_0 (held as int8), its o_proj Q5_0
+# Layer 0's attention and gate_up Q5_0 (its down_proj's 112 inputs are no whole blocks); layer 1's gate_up
+# mixes Q5_0 with Q8_0 (held as int8), its o_proj Q5_0.
+Q5_0_QTYPES = {
     **{f"model.layers.0.{name}.weight": Q.Q5_0 for name in (
         "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
         "mlp.up_proj")},

@@ -127,7 +127,8 @@ def assert_as_close_to_exact_as_layered(q8: LLM, exact: LLM, prompts: list[dict]
     fused_tokens, fused_dists, calls = run(q8, True, prompts)
     _, layered_dists, _ = run(q8, False, prompts)
     assert calls > 0
-    for ours, exact, ours_dist, exact_dist, layered_dist in zip(fused_tokens, exact_tokens, fused_dists, exact_dists, layered_dists):
+    runs = zip(fused_tokens, exact_tokens, fused_dists, exact_dists, layered_dists)
+    for ours, exact, ours_dist, exact_dist, layered_dist in runs:
         same = next((i for i, (a, b) in enumerate(zip(ours, exact)) if a != b), len(ours))
         if same < len(ours):
             top = exact_dist[same].topk(2).values

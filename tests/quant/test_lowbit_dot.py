@@ -246,7 +246,8 @@ def test_the_runner_computes_its_steps_with_the_decode_numerics(tiny_checkpoint)
     llm = LLM(path, progress=False, quantization="int8", activation_quantization="int16")
     seen = []
     for layer in (llm.engine.model.model.layers[0].mlp.down_proj, llm.engine.model.lm_head):
-        layer.register_forward_hook(lambda module, args, out: seen.append((args[0].shape[0], linear_module._DECODE_NUMERICS.get())))
+        layer.register_forward_hook(
+            lambda module, args, out: seen.append((args[0].shape[0], linear_module._DECODE_NUMERICS.get())))
     prompts = [{"prompt_token_ids": [3 + i, 9, 27]} for i in range(40)]
     llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True), use_tqdm=False)
     assert seen and all(on for _, on in seen) and max(rows for rows, _ in seen) == 120  # the 40 prompts' prefill

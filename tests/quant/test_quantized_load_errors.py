@@ -65,7 +65,8 @@ GPTQ_CASES = [
 AWQ_CASES = [
     ("gemv version", edit_config(version="gemv"), UnsupportedModelError, "AWQ version 'gemv' is not supported (only 'gemm')"),
     ("no zero points", edit_config(zero_point=False), UnsupportedModelError, "AWQ without zero points"),
-    ("read as gptq", edit_config(quant_method="gptq"), ModelLoadError, f"tensor {Q}.weight has shape [8, 512], expected [64, 64]"),
+    ("read as gptq", edit_config(quant_method="gptq"), ModelLoadError,
+     f"tensor {Q}.weight has shape [8, 512], expected [64, 64]"),
 ]
 
 

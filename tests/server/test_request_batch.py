@@ -200,7 +200,8 @@ def test_echo_of_a_truncated_prompt_is_the_text_of_the_tokens_kept(url, referenc
     body = complete(url, prompt=tokenizer.decode(ids), truncate_prompt_tokens=4, echo=True, max_tokens=2,
                     temperature=0, min_tokens=2)
     kept = ids[-4:]
-    assert body["choices"][0]["text"] == tokenizer.decode(kept, skip_special_tokens=False) + tokenizer.decode(greedy(model, kept, 2))
+    expected = tokenizer.decode(kept, skip_special_tokens=False) + tokenizer.decode(greedy(model, kept, 2))
+    assert body["choices"][0]["text"] == expected
 
 
 def test_a_chat_reply_carries_its_prompt_logprobs_once_as_vllm_does(url, reference):

@@ -16,8 +16,8 @@ import transformers
 from llmpipe import LLM
 from tests.server.conftest import TINY_MODEL, live_server
 from tests.server.tool_fixtures import (
-    BOUNDED_TOOLS, LLAMA31, MISTRAL_NEMO, QWEN3, QWEN25, WEATHER, as_transformers_takes_it, call, checkpoint_with_template, history,
-    reassemble_stream,
+    BOUNDED_TOOLS, LLAMA31, MISTRAL_NEMO, QWEN3, QWEN25, WEATHER, as_transformers_takes_it, call, checkpoint_with_template,
+    history, reassemble_stream,
 )
 
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -199,7 +199,8 @@ def test_qwen3_required(tmp_path_factory):
 def test_serve_takes_a_tool_call_parser_by_name(capsys):
     from llmpipe.cli import build_parser
 
-    assert build_parser().parse_args(["serve", "--model", "m", "--tool-call-parser", "llama3_json"]).tool_call_parser == "llama3_json"
+    parsed = build_parser().parse_args(["serve", "--model", "m", "--tool-call-parser", "llama3_json"])
+    assert parsed.tool_call_parser == "llama3_json"
     assert build_parser().parse_args(["serve", "--model", "m"]).tool_call_parser is None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--model", "m", "--tool-call-parser", "nope"])

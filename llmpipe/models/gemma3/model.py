@@ -46,7 +46,8 @@ class Gemma3DecoderLayer(nn.Module):
 
     def decode_step_norms(self) -> tuple[RMSNorm, RMSNorm, RMSNorm, RMSNorm]:
         """For the fused step: the norms before attention and before the MLP, then on their outputs."""
-        return self.input_layernorm, self.pre_feedforward_layernorm, self.post_attention_layernorm, self.post_feedforward_layernorm
+        return (self.input_layernorm, self.pre_feedforward_layernorm, self.post_attention_layernorm,
+                self.post_feedforward_layernorm)
 
     def decode_step_rope(self) -> int:
         """For the fused step: the global table (0) or the local one (1), as `forward`'s ropes[is_local]."""
@@ -56,7 +57,8 @@ class Gemma3DecoderLayer(nn.Module):
 class Gemma3Model(FusedDecodeBody, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))  # no init: see llama.py
+        # no init: see llama.py
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.embed_scale = cfg.hidden_size**0.5
         self.layers = nn.ModuleList(Gemma3DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
