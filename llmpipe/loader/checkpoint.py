@@ -15,7 +15,7 @@ from llmpipe.config import ModelConfig
 from llmpipe.errors import ModelLoadError
 from llmpipe.loader.aliases import resolve_model
 from llmpipe.loader.gguf_config import gguf_model_config
-from llmpipe.loader.gguf_file import open_gguf
+from llmpipe.loader.gguf_file import drop_vocabulary, open_gguf
 from llmpipe.loader.gguf_weights import GGUFWeights
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.loader.hf_weights import SafetensorsWeights
@@ -107,8 +107,9 @@ def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]
     reader = open_gguf(path)
     config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
     source = GGUFWeights(reader, path, registry.gguf_architecture(config.architecture, path), config)
-    has_vocabulary = reader.get_field("tokenizer.ggml.tokens") is not None
-    return config, source, _tokenizer_class().from_gguf(reader) if has_vocabulary else None
+    tokenizer = _tokenizer_class().from_gguf(reader) if reader.get_field("tokenizer.ggml.tokens") is not None else None
+    drop_vocabulary(reader)
+    return config, source, tokenizer
 
 
 def check_weights(source: WeightSource, config: ModelConfig, path: Path) -> None:

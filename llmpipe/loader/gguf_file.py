@@ -55,6 +55,13 @@ def open_gguf(path: Path) -> GGUFReader:
         raise ModelLoadError(f"{path}: not a valid GGUF file (corrupt or truncated?): {exc}") from exc
 
 
+def drop_vocabulary(reader: GGUFReader) -> None:
+    """Forget the parsed `tokenizer.ggml.*` arrays once the tokenizer is built: the reader holds a few
+    numpy views per token and merge (Llama 3's 128k tokens and merges: ~150 MiB) that nothing reads again."""
+    for key in [key for key in reader.fields if key.startswith("tokenizer.ggml.") and len(reader.fields[key].data) > 1]:
+        del reader.fields[key]
+
+
 def metadata(reader: GGUFReader, path: Path, key: str, default: Any = _MISSING) -> Any:
     """A metadata value (scalar, string or list); `default` if absent, else ModelLoadError."""
     field = reader.get_field(key)

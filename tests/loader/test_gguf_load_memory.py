@@ -1,0 +1,112 @@
+"""Loading a GGUF without copies beyond the one conversion (issue 43): quantized tensors never pass
+through float32, big tensors convert in row chunks, and each tensor's mapped pages are let go once
+it has been copied into the model."""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from llmpipe import LLM
+from llmpipe.loader import gguf_quants, gguf_weights, load_checkpoint
+from llmpipe.loader.gguf_weights import NATIVE_FORMATS, convert_rows, native_weight
+from llmpipe.quant import formats, linear
+from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear
+from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS, random_blocks, random_weights
+
+# Every stacked group in one format, so these layers stay quantized (the embedding stays float, and
+# down_proj: its 112 inputs are no whole blocks).
+UNIFORM = {
+    **{f"model.layers.0.self_attn.{p}_proj.weight": Q.Q8_0 for p in "qkv"},
+    **{f"model.layers.0.mlp.{p}_proj.weight": Q.Q4_0 for p in ("gate", "up")},
+    "model.layers.0.self_attn.o_proj.weight": Q.Q5_0,
+    **{f"model.layers.1.self_attn.{p}_proj.weight": Q.Q4_0 for p in "qkv"},
+    **{f"model.layers.1.mlp.{p}_proj.weight": Q.Q8_0 for p in ("gate", "up")},
+    "model.layers.1.self_attn.o_proj.weight": Q.Q4_1,
+    "lm_head.weight": Q.Q8_0,
+}
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("a tensor that stays quantized was dequantized at load")
+
+
+def test_tensors_that_stay_quantized_are_never_dequantized_at_load(tiny_gguf, monkeypatch):
+    path = str(tiny_gguf("llama_gqa", UNIFORM))
+    for qtype in NATIVE_FORMATS:
+        monkeypatch.setitem(gguf_quants.BLOCK_DEQUANTIZERS, qtype, _refuse)
+    for weight in (formats.Int8Weight, formats.Int4Weight, formats.Q5_0Weight):
+        monkeypatch.setattr(weight, "dequantize", _refuse)
+    monkeypatch.setattr(linear.QuantizedLinear, "keep_float_copy", _refuse)
+    model = LLM(path, activation_quantization=None, progress=False).engine.model
+    layers = model.model.layers
+    assert isinstance(layers[0].self_attn.qkv_proj, Int8Linear) and isinstance(layers[0].mlp.gate_up_proj, Int4Linear)
+    assert isinstance(layers[0].self_attn.o_proj, Q5_0Linear) and isinstance(layers[1].self_attn.o_proj, Int4Linear)
+    assert isinstance(model.lm_head, Int8Linear)
+
+
+@pytest.mark.parametrize("qtype", list(NATIVE_FORMATS), ids=lambda q: q.name)
+def test_a_tensor_converted_in_row_chunks_is_the_tensor_converted_whole(qtype, monkeypatch):
+    raw = random_blocks(qtype) if qtype in RANDOM_BLOCK_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
+    rows = torch.from_numpy(raw)
+    monkeypatch.setattr(gguf_weights, "CHUNK_BYTES", rows[:1].numel() * 5)  # 5 rows a chunk, the last one short
+    assert rows.shape[0] % 5
+    chunked, whole = native_weight(qtype, rows), convert_rows(qtype, rows)
+    assert type(chunked) is type(whole)
+    assert torch.equal(chunked.dequantize(), whole.dequantize())
+    expected = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32))
+    assert torch.equal(chunked.dequantize(), expected)
+
+
+def test_stacked_int4_shards_packed_a_few_rows_at_a_time_are_packed_whole(monkeypatch):
+    first, second = (convert_rows(Q.Q4_0, torch.from_numpy(quants.quantize(random_weights(), Q.Q4_0))) for _ in "ab")
+    out, in_features = first.shape[0] * 2, first.shape[1]
+    layers = [Int4Linear(in_features, out, group_size=32) for _ in "ab"]
+    for layer in layers:
+        layer.shard_sizes = (first.shape[0], second.shape[0])
+    layers[0].load_shard(0, first), layers[0].load_shard(1, second)
+    monkeypatch.setattr(linear, "PACK_CHUNK_BYTES", layers[1].padded_in * 5)
+    layers[1].load_shard(0, first), layers[1].load_shard(1, second)
+    assert torch.equal(layers[0].codes, layers[1].codes)
+    assert torch.equal(layers[1].dequantize(), torch.cat([first.dequantize(), second.dequantize()]))
+
+
+class RecordingMap:
+    """Stands in for the reader's mmap: records madvise calls, passes them on."""
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self.mapping, self.calls = mapping, []
+
+    def __len__(self) -> int:
+        return len(self.mapping)
+
+    def madvise(self, advice: int, start: int, length: int) -> None:
+        self.calls.append((advice, start, length))
+        self.mapping.madvise(advice, start, length)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_DONTNEED"), reason="no madvise(MADV_DONTNEED) here")
+def test_each_tensors_pages_are_let_go_once_the_next_is_asked_for_and_read_back_intact(tiny_gguf):
+    checkpoint = load_checkpoint(str(tiny_gguf("llama_gqa", UNIFORM)))
+    source = checkpoint.source
+    reader = source._reader
+    recording = reader.mapping = RecordingMap(reader.mapping)
+    seen = []
+    for name, tensor in checkpoint.iter_weights():
+        assert len(recording.calls) == len(seen)  # the tensors before this one let go, not this one yet
+        dense = tensor.dequantize() if not isinstance(tensor, torch.Tensor) else tensor.clone()
+        seen.append((name, source._tensors[name], dense))
+    assert len(recording.calls) == len(seen)
+    for (advice, start, length), (_, info, _) in zip(recording.calls, seen):
+        assert advice == mmap.MADV_DONTNEED and start % mmap.PAGESIZE == 0
+        assert start <= info.data_offset and info.data_offset + info.n_bytes <= start + length
+    # The map is private and never written: pages let go fault back in from the file, unchanged.
+    reread = dict(checkpoint.iter_weights())
+    for name, _, before in seen:
+        after = reread[name]
+        assert torch.equal(before, after.dequantize() if not isinstance(after, torch.Tensor) else after), name
