@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.test_shutdown import PACED_SERVE, free_port, wait_for_serve
+from tests.server.test_shutdown import PACED_SERVE, free_port, stream, wait_for_serve
 from tests.structured_output import hostile
 
 STREAM_TOKENS = 120  # paced at 50 ms a step: the stream outlasts the hostile requests on any machine
@@ -76,20 +76,11 @@ def server(tiny_path):
         process.wait()
 
 
-def stream(url: str, events: list, started: threading.Event) -> None:
-    body = {"prompt": "hi", "max_tokens": STREAM_TOKENS, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[len("data: "):])
-                started.set()
-
-
 def test_hostile_constraints_are_answered_while_a_stream_runs_to_its_end(server):
     url, process = server
     events: list[str] = []
     started = threading.Event()
-    streamer = threading.Thread(target=stream, args=(url, events, started))
+    streamer = threading.Thread(target=stream, args=(url, STREAM_TOKENS, started, events))
     streamer.start()
     assert started.wait(120)
     answers = {}
