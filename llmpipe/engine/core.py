@@ -37,6 +37,7 @@ from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.kernels import huge_pages
 from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
+from llmpipe.loader.memory_check import available_bytes, check_fits
 from llmpipe.models import load_model, resident_bytes
 from llmpipe.models.registry import family_of
 from llmpipe.sampling_params import SamplingParams
@@ -116,6 +117,9 @@ class EngineCore:
         self.eos_token_ids = set(checkpoint.config.eos_token_ids)
         if checkpoint.tokenizer is not None and checkpoint.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(checkpoint.tokenizer.eos_token_id)
+        # This process's share (rank 0's under tensor parallelism); a block count is sized after the model.
+        kv_pool = 0 if config.max_num_blocks else config.kv_cache_memory
+        check_fits(str(config.model), checkpoint.file_bytes // config.tensor_parallel_size, kv_pool, available_bytes())
         if config.tensor_parallel_size > 1:  # rank 0's shard here; the executor starts the other ranks
             from llmpipe.distributed.executor import TensorParallelExecutor
 
