@@ -13,7 +13,7 @@ from llmpipe.outputs import RequestMetrics
 # Engine flags: each maps to the EngineConfig field of the same name in snake_case.
 ENGINE_FLAGS: dict[str, dict] = {
     "--dtype": dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="auto: float32 compute, GGUF Q4_0/Q4_1/Q4_K/Q5_0/Q8_0 weights kept quantized; "
+                    help="auto: float32 compute, GGUF weights of the types the kernels run (NATIVE_FORMATS) kept quantized; "
                          "an explicit dtype dequantizes them"),
     "--quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
                            choices=["auto", None, "int8", "int4"], help="weights: auto | none | int8 | int4"),

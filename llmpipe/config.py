@@ -94,7 +94,7 @@ class EngineConfig:
     """Every engine option, named like its CLI flag in snake_case. Derived values are filled at load."""
 
     model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"  # activations and float weights; "auto" = float32 (and GGUF Q4/Q8 kept quantized)
+    dtype: str = "auto"  # activations and float weights; "auto" = float32 (and GGUF block types kept quantized)
     device: str = "cpu"
     max_model_len: int | None = None  # default: the model's context length (capped by the KV pool)
     kv_cache: bool = True  # False recomputes the whole sequence every step (for the benchmark)
@@ -114,8 +114,9 @@ class EngineConfig:
     disable_sliding_window: bool = False
     num_threads: int | None = None
     seed: int = 0
-    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps GGUF Q4_0/Q4_1/Q4_K/Q5_0/Q8_0
-    # quantized and dequantizes everything else); "int8" / "int4" quantize at load (round-to-nearest).
+    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps the GGUF types of
+    # loader/gguf_weights.NATIVE_FORMATS quantized and dequantizes everything else); "int8" / "int4"
+    # quantize at load (round-to-nearest).
     quantization: str | None = "auto"
     group_size: int = 128  # int4 group along the input dimension
     kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
@@ -190,7 +191,7 @@ class EngineConfig:
 
     @property
     def weight_quantization(self) -> str | None:
-        """"auto" keeps a GGUF's Q4_0/Q4_1/Q4_K/Q5_0/Q8_0 tensors quantized unless a float dtype was asked for."""
+        """"auto" keeps a GGUF's NATIVE_FORMATS tensors quantized unless a float dtype was asked for."""
         if self.quantization == "auto":
             return "auto" if self.dtype == "auto" else None
         return self.quantization

@@ -3,8 +3,8 @@
 A plan maps checkpoint tensor names to formats: ("int8", None), ("int4", group_size) or, from GGUF,
 ("int8", 32 / 16) and ("q5_0", 32). Runtime
 round-to-nearest puts every linear weight in one format; a GGUF in "auto" mode keeps each
-Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 tensor (and a GPTQ / AWQ directory each quantized tensor) in the format it
-already is.
+tensor of a type in loader/gguf_weights.NATIVE_FORMATS (and a GPTQ / AWQ directory each quantized tensor) in
+the format it already is.
 """
 
 from __future__ import annotations
