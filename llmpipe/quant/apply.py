@@ -101,7 +101,7 @@ def quantize_linears(model: nn.Module, plan: dict[str, WeightFormat], dtype: tor
 ACTIVATION_BITS = {"int8": 8, "int16": 16}  # activation_quantization → the kernels' bits
 # What "auto" (the default) picks where the integer-dot kernels run: 16-bit blocks agree with the
 # float path to float32 rounding (SmolLM2 Q4_1: perplexity 33.3681 vs 33.3680, every greedy token
-# the same) and decode as fast as int8 blocks (README, "Against llama.cpp").
+# the same) and decode as fast as int8 blocks (docs/benchmarks.md, "Against llama.cpp").
 AUTO_ACTIVATIONS = "int16"
 
 

@@ -818,7 +818,7 @@ REQUESTS = {
 
 
 def field_table() -> list[tuple[str, str, str]]:
-    """(route, field, what happens) for every request field: the README's table is this table."""
+    """(route, field, what happens) for every request field: docs/serving.md's table is this table."""
     rows = []
     for route, model in REQUESTS.items():
         for name, info in model.model_fields.items():

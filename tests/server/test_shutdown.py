@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import STEP_DELAY_S
+from tests.server.conftest import STEP_DELAY_S, wait_until
 
 SHUTDOWN_TIMEOUT_S = 4  # the short request's 8 tokens need ~0.4 s of it; the long one's 1,000 need 50 s
 # `llmpipe serve`, with each engine step paced by a sleep (picklable: it runs in the core process)
@@ -32,15 +32,16 @@ run_serve(build_parser().parse_args(sys.argv[1:]), before_step=functools.partial
 
 
 def wait_for_serve(process: subprocess.Popen, url: str) -> None:
-    """Until the `llmpipe serve` process answers /health with 200 (a hang guard of 120 s)."""
-    deadline = time.monotonic() + 120
-    while True:
-        assert process.poll() is None and time.monotonic() < deadline, "server did not start"
+    """Until the `llmpipe serve` process answers /health with 200 (wait_until's timeout: a hang guard)."""
+
+    def ready() -> bool:
+        assert process.poll() is None, "the server exited while starting"
         try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return
+            return httpx.get(f"{url}/health").status_code == 200
         except httpx.TransportError:
-            time.sleep(0.1)
+            return False
+
+    wait_until(ready, "the server answering /health")
 
 
 def free_port() -> int:
