@@ -137,13 +137,16 @@ def check_structured_outputs(spec: StructuredOutputsParams | None, field: str | 
     from llmpipe.structured_output.sandbox import grammar_sandbox  # a worker process, started on first use
 
     key = grammar_key(spec)
-    verdict = grammar_sandbox().check(key)
+    sandbox = grammar_sandbox()
+    verdict = sandbox.check(key)
     if verdict.problem is not None:
         field = field or f"structured_outputs.{key[0]}"
         raise InvalidRequestError(f"{field}: invalid {_WHAT[key[0]]}: {verdict.problem}", param=field)
-    if verdict.lark is not None and verdict.lark != spec.grammar:
-        return replace(spec, grammar=verdict.lark)
-    return spec
+    if verdict.lark is None or verdict.lark == spec.grammar:
+        return spec
+    converted = replace(spec, grammar=verdict.lark)
+    sandbox.remember(grammar_key(converted), verdict)  # its Lark form passed too: admission need not ask again
+    return converted
 
 
 _WHAT = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",

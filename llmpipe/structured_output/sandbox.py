@@ -109,11 +109,14 @@ class GrammarSandbox:
                 return self._verdicts[key]
         verdict, lasting = self._run(key)
         if lasting:
-            with self._lock:
-                self._verdicts[key] = verdict
-                while len(self._verdicts) > CACHE_SIZE:
-                    self._verdicts.popitem(last=False)
+            self.remember(key, verdict)
         return verdict
+
+    def remember(self, key: GrammarKey, verdict: Verdict) -> None:
+        with self._lock:
+            self._verdicts[key] = verdict
+            while len(self._verdicts) > CACHE_SIZE:
+                self._verdicts.popitem(last=False)
 
     def _run(self, key: GrammarKey) -> tuple[Verdict, bool]:
         """(verdict, whether it holds for good: a timeout depends on the machine's load)."""
