@@ -28,7 +28,8 @@ ENGINE_FLAGS: dict[str, dict] = {
                                            "none: float activations (the exact reference); auto (default): int16 where "
                                            "the integer-dot kernels run, else none"),
     "--max-model-len": dict(type=int, default=None),
-    "--kv-cache-memory": dict(default="1GiB", help="KV cache budget: bytes or a size like 512MiB, 2GiB"),
+    "--kv-cache-memory": dict(default="auto", help="KV cache budget: bytes or a size like 512MiB, 2GiB; auto: 1 GiB, "
+                              "or half the memory left beside the weights where that is less"),
     "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),
     "--block-size": dict(type=int, default=16),
     "--device": dict(default="cpu", help="cpu, or cuda / cuda:N (PyTorch's device)"),

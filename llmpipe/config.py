@@ -98,7 +98,9 @@ class EngineConfig:
     device: str = "cpu"
     max_model_len: int | None = None  # default: the model's context length (capped by the KV pool)
     kv_cache: bool = True  # False recomputes the whole sequence every step (for the benchmark)
-    kv_cache_memory: int | float | str = "1GiB"  # bytes, or a string like "512MiB" / "2GiB"
+    # bytes, a string like "512MiB" / "2GiB", or "auto": 1 GiB where the machine has room beside the weights,
+    # else half of what it has left (loader/memory_check.auto_kv_pool)
+    kv_cache_memory: int | float | str = "auto"
     max_num_blocks: int | None = None  # overrides kv_cache_memory
     block_size: int = 16
     max_num_seqs: int = 128
@@ -160,7 +162,8 @@ class EngineConfig:
             raise InvalidRequestError(f"max_decode_stall must be a number > 1 (or None), got {self.max_decode_stall!r}")
         if not isinstance(self.distributed_timeout_s, (int, float)) or self.distributed_timeout_s <= 0:
             raise InvalidRequestError(f"distributed_timeout_s must be a positive number, got {self.distributed_timeout_s!r}")
-        self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        if self.kv_cache_memory != "auto":
+            self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         _check_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
         _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -37,7 +37,9 @@ def add_memory_parser(sub) -> None:
                    help="a published architecture instead of --model (deepseek-*: KV cache only)")
     p.add_argument("--params", type=float, help="parameter count, e.g. 7e9 (the architecture's mix, rescaled)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--quantization", default="none", choices=["none", "int8", "int4"])
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="auto: as the engine loads it (a GGUF's quantized tensors as the file stores them); "
+                        "none: every weight in --dtype")
     p.add_argument("--group-size", type=int, default=128, choices=INT4_GROUP_SIZES)
     p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     p.add_argument("--context", type=int, default=None, help="tokens per sequence (default: the model's limit)")
@@ -120,10 +122,13 @@ def cmd_memory(args: argparse.Namespace) -> None:
     compressed = read_config(args.arch or args.model) if args.arch in NAMED_CONFIGS or args.model else None
     if compressed:
         return _memory_compressed(args, *compressed)
+    stored = None
     if args.model:
         from llmpipe.loader import load_checkpoint
 
-        cfg, name, arch_note = load_checkpoint(args.model).config, args.model, ""
+        checkpoint = load_checkpoint(args.model)
+        cfg, name, arch_note = checkpoint.config, args.model, ""
+        stored = getattr(checkpoint.source, "stored_bytes", None)
     else:
         arch = args.arch or "llama-7b"
         cfg, name = NAMED_ARCHITECTURES[arch], f"{int(args.params):,} parameters" if args.params else arch
@@ -132,7 +137,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
         cfg, name, dtype=args.dtype, quantization=None if args.quantization == "none" else args.quantization,
         group_size=args.group_size, kv_cache_dtype=args.kv_cache_dtype, context=args.context, batch=args.batch,
         memory=parse_bytes(args.memory, "--memory") if args.memory else None, block_size=args.block_size,
-        params=int(args.params) if args.params else None,
+        params=int(args.params) if args.params else None, stored=stored,
     )
     print(format_plan(plan, arch_note))
     if args.json:
@@ -145,7 +150,7 @@ def _memory_compressed(args: argparse.Namespace, cfg: dict, name: str) -> None:
     from llmpipe.diagnose.render import format_compressed_plan
 
     dropped = [flag for flag, given in (("--params", args.params), ("--memory", args.memory),
-                                        ("--quantization", args.quantization != "none"),
+                                        ("--quantization", args.quantization not in ("none", "auto")),
                                         ("--kv-cache-dtype", args.kv_cache_dtype != "auto")) if given]
     if dropped:
         raise InvalidRequestError(f"{name}: only the KV cache is planned for compressed attention; "

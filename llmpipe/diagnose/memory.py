@@ -2,14 +2,17 @@
 
 Weights: the tensors runtime quantization converts (`llmpipe.quant.apply.quant_plan`: every linear
 layer and the LM head) at the quantized width, scales included (as `weight_bytes_per_param` counts
-them); norms, biases and an untied embedding stay in `dtype`. KV: `kv_bytes_per_token`, allocated
-in whole blocks per sequence, as the engine does.
+them); norms, biases and an untied embedding stay in `dtype`. A GGUF loaded as it is ("auto") counts
+each tensor kept quantized at the bytes it takes (`stored`: the file's own for the GGML types). KV:
+`kv_bytes_per_token`, allocated in whole blocks per sequence, as the engine does. The process adds
+RUNTIME_BYTES: what Python, PyTorch and llmpipe hold before any model.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.engine.kv_cache import kv_bytes_per_token, num_blocks_for
@@ -36,6 +39,9 @@ NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
 }
 
 NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
+# Resident before a model loads: the interpreter, PyTorch, llmpipe and its kernels (VmRSS after importing
+# them and loading the kernels, CPU build of torch 2.13: 243 MiB), the tokenizer and the engine's buffers.
+RUNTIME_BYTES = 300 << 20
 
 
 @dataclass
@@ -47,21 +53,26 @@ class WeightBytes:
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, group_size: int = 128,
-                 params: int | None = None) -> WeightBytes:
+                 params: int | None = None, stored: Callable[[str], int | None] | None = None) -> WeightBytes:
     """Bytes of the model's weights. `params` rescales the architecture's mix of tensors to that
-    many parameters (e.g. `--params 7e9 --arch llama-7b`)."""
+    many parameters (e.g. `--params 7e9 --arch llama-7b`); `stored` (quantization "auto"): a tensor's
+    bytes where it loads quantized as the checkpoint holds it, else None."""
     dtype_bytes = DTYPES[dtype].itemsize
     shapes = expected_weight_shapes(cfg)
     linear = family_of(cfg.architecture).linear_weights(cfg)
-    converted = set(quant_plan(linear, quantization, group_size, None)) if quantization else set()
+    converted = set(quant_plan(linear, quantization, group_size, None)) if quantization in ("int8", "int4") else set()
     if not cfg.tie_word_embeddings:
         converted.discard("model.embed_tokens.weight")  # only its rows are looked up: it stays float
+    as_stored = {name: stored(name) for name in linear} if quantization == "auto" and stored else {}
     counted = quantized = 0
     resident = 0.0
     for name, shape in shapes.items():
         numel = math.prod(shape)
         counted += numel
-        if name in converted:
+        if as_stored.get(name) is not None:
+            quantized += numel
+            resident += as_stored[name]
+        elif name in converted:
             quantized += numel
             resident += numel * weight_bytes_per_param(quantization, dtype_bytes, group_size, shape[1])
         else:
@@ -90,6 +101,7 @@ class MemoryPlan:
     kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them
     batch: int
     total_bytes: int  # weights + batch sequences of KV
+    process_bytes: int  # the process at its peak: RUNTIME_BYTES + total_bytes
     memory: int | None = None
     max_sequences: int | None = None  # at this context, in `memory`
     notes: list[str] = field(default_factory=list)
@@ -101,14 +113,16 @@ class MemoryPlan:
 
 def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantization: str | None = None,
                 group_size: int = 128, kv_cache_dtype: str = "auto", context: int | None = None, batch: int = 1,
-                memory: int | None = None, block_size: int = 16, params: int | None = None) -> MemoryPlan:
+                memory: int | None = None, block_size: int = 16, params: int | None = None,
+                stored: Callable[[str], int | None] | None = None) -> MemoryPlan:
     context = context or cfg.max_position_embeddings
-    weights = weight_bytes(cfg, dtype, quantization, group_size, params)
+    weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
     blocks = blocks_per_sequence(context, block_size)
     per_sequence = blocks * block_size * per_token
     plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
-                      block_size, per_sequence, batch, weights.resident + batch * per_sequence, memory)
+                      block_size, per_sequence, batch, weights.resident + batch * per_sequence,
+                      RUNTIME_BYTES + weights.resident + batch * per_sequence, memory)
     if memory is not None:
         kv_budget = max(memory - weights.resident, 0)
         plan.max_sequences = num_blocks_for(kv_budget, cfg, block_size, DTYPES[dtype], kv_cache_dtype) // blocks
@@ -119,7 +133,10 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
 def rounding_notes(plan: MemoryPlan) -> list[str]:
     """Where round figures (like the textbook "about 1 MiB per token") part from the exact ones."""
     w, notes = plan.weights, []
-    if w.uniform != w.resident:
+    if plan.quantization == "auto" and w.quantized_params:
+        notes.append(f"{w.quantized_params:,} parameters stay as the checkpoint stores them "
+                     f"({w.resident / 1e9:.2f} GB of weights in all)")
+    elif w.uniform != w.resident:
         width = NOMINAL_BYTES.get(plan.quantization, DTYPES[plan.dtype].itemsize)
         why = []
         if w.quantized_params:

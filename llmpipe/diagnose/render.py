@@ -97,7 +97,8 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
             (f"weights ({p.dtype}{quant})", fmt_bytes(w.resident)),
             (f"KV cache per token{kv_kind}", f"{p.kv_bytes_per_token:,} B = {p.kv_bytes_per_token / 2**20:.3g} MiB"),
             (f"KV per {p.context:,}-token sequence", fmt_bytes(p.kv_bytes_per_sequence)),
-            (f"weights + KV of {p.batch} sequence(s)", fmt_bytes(p.total_bytes))]
+            (f"weights + KV of {p.batch} sequence(s)", fmt_bytes(p.total_bytes)),
+            ("the process at its peak (+ runtime)", fmt_bytes(p.process_bytes))]
     if p.memory is not None:
         verdict = "fits" if p.fits else "does not fit"
         rows.append((f"in {fmt_bytes(p.memory)}", f"{verdict}: at most {p.max_sequences:,} concurrent sequences "

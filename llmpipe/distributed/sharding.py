@@ -21,11 +21,12 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.quant.apply import QuantPlan, WeightFormat
-from llmpipe.quant.formats import Q5_0_BLOCK, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
+from llmpipe.quant.formats import Q5_0_BLOCK, GGMLWeight, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
 Weight = torch.Tensor | QuantizedWeight
@@ -139,6 +140,8 @@ def slice_rows(w: Weight, rows: range) -> Weight:
         return Int8Weight(take(w.q), take(w.scale), w.group_size)
     if isinstance(w, Q5_0Weight):
         return Q5_0Weight(take(w.blocks))
+    if isinstance(w, GGMLWeight):
+        return GGMLWeight(w.ggml_type, take(w.blocks))
     return Int4Weight(take(w.q), take(w.scale), take(w.offset), w.group_size, w.in_perm)
 
 
@@ -151,6 +154,11 @@ def slice_columns(w: Weight, cols: range, name: str) -> Weight:
             raise UnsupportedModelError(f"{name}: input columns {cols.start}-{cols.stop} split a Q5_0 block of {Q5_0_BLOCK}")
         first, last = (Q5_0Weight.bytes_per_row(c) for c in (cols.start, cols.stop))
         return Q5_0Weight(w.blocks[:, first:last].clone())
+    if isinstance(w, GGMLWeight):
+        weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(w.ggml_type)]
+        if cols.start % weights or cols.stop % weights:
+            raise UnsupportedModelError(f"{name}: input columns {cols.start}-{cols.stop} split a block of {weights}")
+        return GGMLWeight(w.ggml_type, w.blocks[:, cols.start // weights * nbytes : cols.stop // weights * nbytes].clone())
     group = w.group_size
     if isinstance(w, Int4Weight) and w.in_perm is not None:
         raise UnsupportedModelError(f"{name}: act-order (g_idx) int4 weights cannot be split by input columns")

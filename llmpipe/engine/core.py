@@ -37,7 +37,7 @@ from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.kernels import huge_pages
 from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
 from llmpipe.loader import load_checkpoint
-from llmpipe.loader.memory_check import available_bytes, check_fits
+from llmpipe.loader.memory_check import auto_kv_pool, available_bytes, check_fits
 from llmpipe.models import load_model, resident_bytes
 from llmpipe.models.registry import family_of
 from llmpipe.sampling_params import SamplingParams
@@ -118,8 +118,10 @@ class EngineCore:
         if checkpoint.tokenizer is not None and checkpoint.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(checkpoint.tokenizer.eos_token_id)
         # This process's share (rank 0's under tensor parallelism); a block count is sized after the model.
-        kv_pool = 0 if config.max_num_blocks else config.kv_cache_memory
-        check_fits(str(config.model), checkpoint.file_bytes // config.tensor_parallel_size, kv_pool, available_bytes())
+        weight_bytes, available = checkpoint.file_bytes // config.tensor_parallel_size, available_bytes()
+        if config.kv_cache_memory == "auto":
+            config.kv_cache_memory = auto_kv_pool(weight_bytes, available)
+        check_fits(str(config.model), weight_bytes, 0 if config.max_num_blocks else config.kv_cache_memory, available)
         if config.tensor_parallel_size > 1:  # rank 0's shard here; the executor starts the other ranks
             from llmpipe.distributed.executor import TensorParallelExecutor
 

@@ -58,6 +58,11 @@ def q5_0_linear_dot(x: torch.Tensor, blocks: torch.Tensor, bits: int = 8, isa: i
     return _rows(x, blocks.shape[0])
 
 
+@torch.library.register_fake("llmpipe::ggml_linear_dot")
+def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, type: int, bits: int = 16, isa: int = 1) -> torch.Tensor:
+    return _rows(x, blocks.shape[0])
+
+
 @torch.library.register_fake("llmpipe::q5_0_unpack")
 def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     k = blocks.shape[1] // Q5_0_BLOCK_BYTES * Q5_0_BLOCK

@@ -13,35 +13,19 @@ from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import (SUPPORTED_TYPES, dequantize, split_iq4_nl, split_iq4_xs, split_q3_k,
-                                        split_q4_0, split_q4_1, split_q4_k, split_q6_k, split_q8_0, unpack_nibbles)
-from llmpipe.quant.formats import Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
+from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize, split_q3_k
+from llmpipe.quant.apply import GGML_FORMAT
+from llmpipe.quant.formats import GGMLWeight, Int8Weight, QuantizedWeight
 
-GGML_BLOCK = 32  # weights per Q4_0 / Q4_1 / Q5_0 / Q8_0 / IQ4_NL block, per Q4_K / IQ4_XS sub-block
-K_SUB_BLOCK = 16  # weights per Q3_K / Q6_K sub-block
-# The ggml types that are llmpipe weight formats exactly (read_quantized): the kernels run them on
-# their codes. Q5_0 stays the file's blocks (unpacked a row at a time in the kernels); Q6_K's 6-bit codes
-# ride in int8 (1.25 bytes a weight where the file has 0.82), as do Q3_K's −4..3 (1.25 where it has 0.43)
-# and IQ4_NL / IQ4_XS's codebook values (1.125 where it has 0.56 / 0.53). Q2_K and Q5_1 are dequantized:
-# their offsets need int4 groups of 16 (the INT4 kernels take multiples of 32) or 5-bit codes.
-NATIVE_FORMATS = {
-    GGMLQuantizationType.Q4_0: ("int4", GGML_BLOCK),
-    GGMLQuantizationType.Q4_1: ("int4", GGML_BLOCK),
-    GGMLQuantizationType.Q4_K: ("int4", GGML_BLOCK),
-    GGMLQuantizationType.Q5_0: ("q5_0", GGML_BLOCK),
-    GGMLQuantizationType.Q3_K: ("int8", K_SUB_BLOCK),
-    GGMLQuantizationType.Q6_K: ("int8", K_SUB_BLOCK),
-    GGMLQuantizationType.Q8_0: ("int8", GGML_BLOCK),
-    GGMLQuantizationType.IQ4_NL: ("int8", GGML_BLOCK),
-    GGMLQuantizationType.IQ4_XS: ("int8", GGML_BLOCK),
-}
-# Types held as int8 codes with float32 sub-block scales: (codes, scales) of [n blocks, type size] bytes.
-INT8_SPLITS = {
-    GGMLQuantizationType.Q3_K: split_q3_k,
-    GGMLQuantizationType.Q6_K: split_q6_k,
-    GGMLQuantizationType.IQ4_NL: split_iq4_nl,
-    GGMLQuantizationType.IQ4_XS: split_iq4_xs,
-}
+K_SUB_BLOCK = 16  # weights per Q3_K sub-block
+Q = GGMLQuantizationType
+# The types the GGML kernels (kernels/csrc/ggml_rows.h) read as the file holds them: such a tensor is
+# copied into its layer as it is, nothing converted, no more bytes than the file's.
+GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+# The ggml types that load quantized (read_quantized) and the llmpipe format each takes: the GGML types
+# as themselves; Q3_K as int8 codes −4..3 with group-16 float32 scales (1.25 bytes a weight where the file
+# has 0.43). Q2_K is dequantized.
+NATIVE_FORMATS = {**{t: GGML_FORMAT for t in GGML_TYPES}, Q.Q3_K: ("int8", K_SUB_BLOCK)}
 # Rows converted at a time: a tensor's conversion temporaries (unpacked nibbles, strided copies) stay
 # this many bytes of the file or so, not a whole embedding's worth.
 CHUNK_BYTES = 16 << 20
@@ -90,6 +74,16 @@ class GGUFWeights:
         """The llmpipe weight format a tensor maps onto without a float round trip, if any."""
         return NATIVE_FORMATS.get(self._tensors[name].tensor_type)
 
+    def stored_bytes(self, name: str) -> int | None:
+        """Resident bytes of a tensor loaded in its NATIVE_FORMATS format (None: it loads dequantized)."""
+        tensor = self._tensors[name]
+        fmt = NATIVE_FORMATS.get(tensor.tensor_type)
+        if fmt is None:
+            return None
+        if fmt == GGML_FORMAT:
+            return int(tensor.n_bytes)
+        return int(tensor.n_elements) + int(tensor.n_elements) // K_SUB_BLOCK * 4  # int8 codes, a float32 scale each 16
+
     def read_quantized(self, name: str) -> QuantizedWeight:
         """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`)."""
         return native_weight(*self.raw_blocks(name))
@@ -114,7 +108,7 @@ def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedW
     """`convert_rows` over row chunks of about CHUNK_BYTES, written into one weight: the whole tensor
     exists once, in llmpipe's format, never as a full-size temporary of an intermediate form."""
     step = max(1, CHUNK_BYTES // max(1, rows[:1].numel()))
-    if rows.shape[0] <= step:
+    if rows.shape[0] <= step or qtype in GGML_TYPES:
         return convert_rows(qtype, rows)
     first = convert_rows(qtype, rows[:step])
     whole = {f.name: _rows_like(getattr(first, f.name), rows.shape[0]) for f in dataclasses.fields(first)}
@@ -136,29 +130,10 @@ def _rows_like(value: object, rows: int) -> object:
 
 
 def convert_rows(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
-    """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is
-    ggml's, bit for bit: Q4_1's (d, m) are (scale, offset); Q4_0's d·(q − 8) is scale d, offset −8d;
-    Q4_K's sub-blocks are int4 groups of 32 (scale d·scale, offset −dmin·min); Q8_0's d·q is int8 with
-    group-32 scales, Q6_K's d·scale·(q − 32) and Q3_K's d·(scale − 32)·q int8 with group-16 ones, IQ4_NL's
-    d·kvalue and IQ4_XS's d·(scale − 32)·kvalue int8 with group-32 ones (the scale a float32 product, as
-    ggml's); Q5_0 keeps its blocks."""
+    """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is ggml's, bit
+    for bit: a GGML type's rows as they are; Q3_K's d·(scale − 32)·q as int8 codes with group-16 scales."""
     out = rows.shape[0]
-    if qtype == GGMLQuantizationType.Q5_0:
-        return Q5_0Weight(rows.reshape(out, -1).contiguous())
-    blocks = rows.reshape(-1, GGML_QUANT_SIZES[qtype][1])
-    if qtype in INT8_SPLITS:
-        scale, q = INT8_SPLITS[qtype](blocks)
-        return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), NATIVE_FORMATS[qtype][1])
-    if qtype == GGMLQuantizationType.Q8_0:
-        scale, q = split_q8_0(blocks)
-        return Int8Weight(q.reshape(out, -1), scale.float().reshape(out, -1), GGML_BLOCK)
-    if qtype == GGMLQuantizationType.Q4_K:
-        scale, offset, q = split_q4_k(blocks)
-    elif qtype == GGMLQuantizationType.Q4_1:
-        scale, offset, packed = split_q4_1(blocks)
-        scale, offset, q = scale.float(), offset.float(), unpack_nibbles(packed)
-    else:
-        scale, packed = split_q4_0(blocks)
-        scale, q = scale.float(), unpack_nibbles(packed)
-        offset = scale * -8
-    return Int4Weight(q.reshape(out, -1), scale.reshape(out, -1), offset.reshape(out, -1), GGML_BLOCK)
+    if qtype in GGML_TYPES:
+        return GGMLWeight(int(qtype), rows.reshape(out, -1))
+    scale, q = split_q3_k(rows.reshape(-1, GGML_QUANT_SIZES[qtype][1]))
+    return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), K_SUB_BLOCK)

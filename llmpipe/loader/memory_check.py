@@ -11,6 +11,8 @@ from llmpipe.errors import ModelLoadError
 
 MEMINFO = Path("/proc/meminfo")
 GiB = 2**30
+DEFAULT_KV_POOL = GiB  # kv_cache_memory "auto" where the machine has room for it beside the weights
+MIN_KV_POOL = 128 << 20  # and never less than this (a few thousand tokens of an 8B's cache)
 
 
 def available_bytes(meminfo: Path = MEMINFO) -> int | None:
@@ -33,3 +35,11 @@ def check_fits(model: str, weight_bytes: int, kv_pool_bytes: int, available: int
         f"{kv_pool_bytes / GiB:.1f} GiB) and this machine has {available / GiB:.1f} GiB available: free memory, "
         "choose a smaller quantization, or lower --kv-cache-memory"
     )
+
+
+def auto_kv_pool(weight_bytes: int, available: int | None) -> int:
+    """kv_cache_memory "auto": DEFAULT_KV_POOL, or half of what the machine has left beside the weights where
+    that is less (an 8B on a 16 GB laptop keeps room for the OS and the page cache), MIN_KV_POOL at least."""
+    if available is None:
+        return DEFAULT_KV_POOL
+    return max(MIN_KV_POOL, min(DEFAULT_KV_POOL, (available - weight_bytes) // 2))

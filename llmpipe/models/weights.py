@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from llmpipe.errors import ModelLoadError
-from llmpipe.quant.apply import TiedQuantizedEmbedding
+from llmpipe.quant.apply import QuantizedEmbedding
 from llmpipe.quant.formats import QuantizedWeight
 from llmpipe.quant.linear import QuantizedLinear
 
@@ -49,14 +49,18 @@ def load_weights(
     quantized = {
         path: m for path, m in model.named_modules(remove_duplicate=False) if isinstance(m, QuantizedLinear)
     }
-    tied_head = isinstance(getattr(model.model, "embed_tokens", None), TiedQuantizedEmbedding)
-    expected = _expected_names(params, quantized, stacked, tied_head)
+    embed = getattr(model.model, "embed_tokens", None)
+    quantized_embed = embed if isinstance(embed, QuantizedEmbedding) else None
+    tied_head = quantized_embed is not None and quantized_embed.shares_head
+    expected = _expected_names(params, quantized, stacked, quantized_embed is not None, tied_head)
     loaded: set[str] = set()
     for name, tensor in weights:
         if name == "lm_head.weight" and tied:
             continue  # some tied checkpoints still carry a copy of the embedding
         target, shard = ("lm_head.weight", None) if (name == EMBED and tied_head) else target_of(name, stacked)
         module = quantized.get(target.removesuffix(".weight")) if target.endswith(".weight") else None
+        if name == EMBED and quantized_embed is not None and not tied_head:
+            module = quantized_embed.head
         if module is not None:
             _check_shape(name, tensor, (_shard_rows(module, shard), module.in_features))
             module.load_shard(shard, tensor)
@@ -71,7 +75,7 @@ def load_weights(
         raise ModelLoadError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[0]!r}")
 
 
-def _expected_names(params: dict, quantized: dict, stacked: Stacking, tied_head: bool) -> set[str]:
+def _expected_names(params: dict, quantized: dict, stacked: Stacking, quantized_embed: bool, tied_head: bool) -> set[str]:
     names = set()
     targets = list(params) + [f"{path}.weight" for path in quantized if ".embed_tokens." not in path]
     for name in targets:
@@ -79,6 +83,7 @@ def _expected_names(params: dict, quantized: dict, stacked: Stacking, tied_head:
         names.update(parts or [name])
     if tied_head:  # the quantized head is filled from the embedding
         names.discard("lm_head.weight")
+    if quantized_embed:
         names.add(EMBED)
     return names
 

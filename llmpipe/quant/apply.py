@@ -17,13 +17,14 @@ from torch import nn
 
 from llmpipe.layers.linear import Linear
 from llmpipe.quant import kernels
-from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear, QuantizedLinear
+from llmpipe.quant.linear import GGMLLinear, Int4Linear, Int8Linear, Q5_0Linear, QuantizedLinear
 
 logger = logging.getLogger(__name__)
 WeightFormat = tuple[str, int | None]
 QuantPlan = dict[str, WeightFormat | None]  # checkpoint name → format (None: float)
 Q5_0_FORMAT: WeightFormat = ("q5_0", 32)
-LAYERS = {"int8": Int8Linear, "int4": Int4Linear, Q5_0_FORMAT[0]: Q5_0Linear}
+GGML_FORMAT: WeightFormat = ("ggml", None)  # a GGUF's own blocks, of any type the GGML kernels read
+LAYERS = {"int8": Int8Linear, "int4": Int4Linear, Q5_0_FORMAT[0]: Q5_0Linear, GGML_FORMAT[0]: GGMLLinear}
 
 
 def quant_plan(
@@ -51,6 +52,8 @@ def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embedding
         if name == "model.embed_tokens.weight":
             if tied_embeddings:
                 formats.setdefault("lm_head", set()).add(fmt)
+            elif fmt == GGML_FORMAT:  # kept as the file's blocks, rows dequantized on lookup
+                formats.setdefault("model.embed_tokens", set()).add(fmt)
             continue
         formats.setdefault(target_of(name).removesuffix(".weight"), set()).add(fmt)
     for fmts in formats.values():
@@ -59,12 +62,14 @@ def module_plan(plan: QuantPlan, target_of: Callable[[str], str], tied_embedding
     return {path: next(iter(fmts)) for path, fmts in formats.items() if len(fmts) == 1 and None not in fmts}
 
 
-class TiedQuantizedEmbedding(nn.Module):
-    """An embedding that shares its quantized matrix with the LM head: rows are dequantized on lookup."""
+class QuantizedEmbedding(nn.Module):
+    """An embedding held quantized, its rows dequantized on lookup: the LM head's matrix where the two are
+    tied (`shares_head`: one copy, not a float one beside a quantized one), or a GGUF's own blocks of an
+    untied embedding (an 8B's 128,256 x 4,096 takes its 0.3 GiB of Q4_K, not 2 GiB of float32)."""
 
-    def __init__(self, head: QuantizedLinear, dtype: torch.dtype):
+    def __init__(self, head: QuantizedLinear, dtype: torch.dtype, shares_head: bool = True):
         super().__init__()
-        self.head, self.dtype = head, dtype
+        self.head, self.dtype, self.shares_head = head, dtype, shares_head
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.embed(ids).to(self.dtype)
@@ -92,10 +97,13 @@ def quantize_linears(model: nn.Module, plan: dict[str, WeightFormat], dtype: tor
             twin.shard_sizes = getattr(module, "shard_sizes", twin.shard_sizes)
             parent, _, attr = path.rpartition(".")
             setattr(model.get_submodule(parent), attr, twin)
+    embed = model.model.embed_tokens
     if getattr(model, "lm_head", None) is None and "lm_head" in plan:
-        embed = model.model.embed_tokens
         model.lm_head = new_quantized_linear(embed.embedding_dim, embed.num_embeddings, False, plan["lm_head"], dtype)
-        model.model.embed_tokens = TiedQuantizedEmbedding(model.lm_head, dtype)
+        model.model.embed_tokens = QuantizedEmbedding(model.lm_head, dtype)
+    elif "model.embed_tokens" in plan:
+        matrix = new_quantized_linear(embed.embedding_dim, embed.num_embeddings, False, plan["model.embed_tokens"], dtype)
+        model.model.embed_tokens = QuantizedEmbedding(matrix, dtype, shares_head=False)
 
 
 ACTIVATION_BITS = {"int8": 8, "int16": 16}  # activation_quantization → the kernels' bits

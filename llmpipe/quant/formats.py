@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 QUANTIZATIONS = ("int8", "int4")
 Q5_0_BLOCK = 32  # weights per GGUF Q5_0 block
@@ -100,7 +101,31 @@ class Q5_0Weight:
         return self.to_int8().dequantize()
 
 
-QuantizedWeight = Int8Weight | Int4Weight | Q5_0Weight
+@dataclass
+class GGMLWeight:
+    """A GGUF tensor kept as the file's own blocks (`ggml_type`: ggml's type number, Q4_K's 12, ...): the
+    kernels (kernels/csrc/ggml_rows.h) read them in place, so the weight takes the file's bytes and no
+    more; `dequantize` is gguf-py's, bit for bit."""
+
+    ggml_type: int
+    blocks: torch.Tensor  # uint8 [out, in / block weights * block bytes]
+
+    @property
+    def shape(self) -> torch.Size:
+        weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
+        return torch.Size((self.blocks.shape[0], self.blocks.shape[1] // nbytes * weights))
+
+    @property
+    def group_size(self) -> None:
+        return None
+
+    def dequantize(self) -> torch.Tensor:
+        from llmpipe.loader.gguf_quants import dequantize  # the block layouts live with the loader
+
+        return dequantize(self.blocks, GGMLQuantizationType(self.ggml_type), tuple(self.shape))
+
+
+QuantizedWeight = Int8Weight | Int4Weight | Q5_0Weight | GGMLWeight
 
 
 def weight_bytes_per_param(quantization: Optional[str], dtype_bytes: int, group_size: int, in_features: int) -> float:

@@ -63,6 +63,12 @@ def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _library().q5_0_unpack(blocks)
 
 
+def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bits: int = 16, isa: int = 1) -> torch.Tensor:
+    """x [M, K] @ a weight held as a GGUF file's own blocks of `ggml_type` [N, bytes per row] (Q4_0, Q8_0,
+    Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with x quantized to `bits` blocks (csrc/ggml_rows.h)."""
+    return _library().ggml_linear_dot(x, blocks, ggml_type, bits, isa)
+
+
 def dot_available() -> bool:
     return _library() is not None  # one library holds both kinds of kernel
 

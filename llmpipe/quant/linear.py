@@ -25,7 +25,7 @@ from torch import nn
 from llmpipe.kernels import huge_pages
 from llmpipe.layers.linear import linear
 from llmpipe.quant import kernels
-from llmpipe.quant.formats import Q5_0_BLOCK, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
+from llmpipe.quant.formats import Q5_0_BLOCK, GGMLWeight, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
 CHUNK = kernels.CHUNK
@@ -375,3 +375,98 @@ class Q5_0Linear(QuantizedLinear):
 
     def _dequantizes_in_c(self) -> bool:
         return self.blocks.device.type == "cpu" and kernels.available()
+
+
+# Rows of a weight dequantized at a time where the float path takes a GGML weight: temporaries stay small.
+DEQUANTIZE_ROWS = 1024
+
+
+class GGMLLinear(QuantizedLinear):
+    """A GGUF file's own quantized blocks (formats.GGMLWeight), kept as the file holds them: the weight takes
+    the file's bytes, loading is a copy, and the kernels (`kernels.ggml_linear_dot`) stream the blocks with
+    integer dot products against activation blocks of `activation_bits` (any batch: one pass over the weight
+    per call). A stacked layer (q/k/v, gate/up) may mix types — a Q4_K_M file keeps some layers' v in Q6_K —
+    so the rows are segments, each of one type, in one buffer. Float activations (`activation_bits` None)
+    take the dequantized weight, gguf-py's values, a slice of rows at a time."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int | None = None):
+        if in_features % CHUNK:
+            raise ValueError(f"GGUF block weights need whole blocks of {CHUNK} inputs, got {in_features}")
+        super().__init__(in_features, out_features, bias, None)
+        self.register_buffer("blocks", torch.empty(0, dtype=torch.uint8))
+        self.segments: list[tuple[int, int, int]] = []  # (ggml type, rows, first byte in blocks) in row order
+        self.segment_table = torch.empty(0, dtype=torch.int64)  # segments as int64 [n, 3] (the decode step's)
+
+    def quantize(self, w: torch.Tensor) -> QuantizedWeight:
+        raise ValueError("GGUF block weights come from GGUF files; float weights quantize to int8 or int4")
+
+    def pack(self, shards: list[GGMLWeight]) -> None:
+        total = sum(s.blocks.numel() for s in shards)
+        self.blocks = huge_pages.zeros((total,), torch.uint8) if self.blocks.device.type == "cpu" else \
+            torch.empty(total, dtype=torch.uint8, device=self.blocks.device)
+        self.segments, start = [], 0
+        for _, s in _shard_rows(shards, self.out_features):
+            self.blocks[start : start + s.blocks.numel()].view(s.blocks.shape).copy_(s.blocks)
+            if self.segments and self.segments[-1][0] == s.ggml_type:  # one run of a type: one kernel call
+                ggml_type, rows, first = self.segments[-1]
+                self.segments[-1] = (ggml_type, rows + s.blocks.shape[0], first)
+            else:
+                self.segments.append((s.ggml_type, s.blocks.shape[0], start))
+            start += s.blocks.numel()
+        self.segment_table = torch.tensor(self.segments, dtype=torch.int64)
+
+    def segment_blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """(ggml type, uint8 [rows, bytes per row]) per segment, views of `blocks`."""
+        for ggml_type, rows, first in self.segments:
+            nbytes = rows * _row_bytes(ggml_type, self.in_features)
+            yield ggml_type, self.blocks[first : first + nbytes].view(rows, -1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_bits is None or x.device.type != "cpu" or not kernels.available():
+            return self._float_forward(x)
+        wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+        flat = wide.reshape(-1, self.in_features)
+        parts = [kernels.ggml_linear_dot(flat, blocks, ggml_type, self.activation_bits)
+                 for ggml_type, blocks in self.segment_blocks()]
+        y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).view(*x.shape[:-1], self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
+        return y if y.dtype == x.dtype else y.to(x.dtype)
+
+    def _float_forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = []
+        for start in range(0, self.out_features, DEQUANTIZE_ROWS):
+            rows = torch.arange(start, min(start + DEQUANTIZE_ROWS, self.out_features))
+            parts.append(F.linear(x, self.kernel_weight(rows).to(x.dtype)))
+        y = torch.cat(parts, dim=-1)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def takes_panels(self, rows: int) -> bool:
+        return False  # the row kernels read each weight once per call at any batch
+
+    def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 [out (or len(rows)), in]: gguf-py's dequantization of those rows (an embedding lookup's)."""
+        pieces, places, first_row = [], [], 0
+        for ggml_type, blocks in self.segment_blocks():
+            count = blocks.shape[0]
+            if rows is None:
+                pieces.append(GGMLWeight(ggml_type, blocks).dequantize())
+            else:
+                inside = torch.nonzero((rows >= first_row) & (rows < first_row + count)).flatten()
+                pieces.append(GGMLWeight(ggml_type, blocks[rows[inside] - first_row]).dequantize())
+                places.append(inside)
+            first_row += count
+        if len(pieces) == 1:
+            return pieces[0]
+        if rows is None:
+            return torch.cat(pieces)
+        out = torch.empty(len(rows), self.in_features)
+        out[torch.cat(places)] = torch.cat(pieces)
+        return out
+
+
+def _row_bytes(ggml_type: int, in_features: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return in_features // weights * nbytes

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FM
 WRITES = {  # op → the arguments it writes in place
     "int4_linear": set(), "int8_linear": set(), "int4_linear_dot": set(), "int8_linear_dot": set(), "has_vnni": set(),
     "int4_dequantize": set(), "int8_dequantize": set(), "q5_0_linear": set(), "q5_0_linear_dot": set(),
-    "q5_0_unpack": set(), "greedy_argmax": set(),
+    "q5_0_unpack": set(), "ggml_linear_dot": set(), "greedy_argmax": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
     "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
 }
@@ -64,7 +64,7 @@ def test_each_op_is_a_torch_op_whose_schema_marks_what_it_writes(name):
 
 
 def test_the_integer_dot_ops_default_to_the_fastest_isa():
-    for name in ("int4_linear_dot", "int8_linear_dot", "int4_gemm_dot", "int8_gemm_dot"):
+    for name in ("int4_linear_dot", "int8_linear_dot", "int4_gemm_dot", "int8_gemm_dot", "ggml_linear_dot"):
         (isa,) = [a for a in getattr(torch.ops.llmpipe, name).default._schema.arguments if a.name == "isa"]
         assert isa.default_value == 1
 
@@ -76,6 +76,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("int4_dequantize", lowbit_args(1, int4=True)[1:]), ("int8_dequantize", lowbit_args(1, int4=False)[1:]),
     ("q5_0_linear", (torch.randn(3, K), q5_0_blocks())), ("q5_0_linear_dot", (torch.randn(2, K), q5_0_blocks())),
     ("q5_0_unpack", (q5_0_blocks(),)),
+    ("ggml_linear_dot", (torch.randn(3, K), q5_0_blocks(), 6)),  # ggml type 6: Q5_0
     ("greedy_argmax", (torch.randn(3, 1000),)),
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gguf import GGMLQuantizationType as Q
+
 from llmpipe import LLM, SamplingParams
-from llmpipe.quant.linear import Int4Linear, Int8Linear, Q5_0Linear
 
 pytestmark = pytest.mark.slow
 
@@ -68,11 +69,12 @@ NATIVE_ATOL = {None: 1e-3, "auto": 0.05}
 def test_q4_k_and_q5_0_tensors_run_quantized_and_compute_the_dequantized_model(gemma3_gguf, gemma3_llm, activations):
     native = LLM(str(gemma3_gguf), progress=False, activation_quantization=activations)
     layer = native.engine.model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, Int8Linear) and layer.self_attn.qkv_proj.group_size == 32  # Q5_0 + Q8_0 v
-    assert isinstance(layer.mlp.gate_up_proj, Q5_0Linear)  # the file's Q5_0 blocks
-    assert isinstance(native.engine.model.model.layers[2].self_attn.qkv_proj, Q5_0Linear)  # q, k and v Q5_0
-    assert isinstance(layer.self_attn.o_proj, Int4Linear) and layer.self_attn.o_proj.group_size == 32  # Q4_K
-    assert isinstance(native.engine.model.lm_head, Int8Linear)  # the tied Q8_0 embedding
+    segments = lambda module: [t for t, _, _ in module.segments]  # noqa: E731
+    assert segments(layer.self_attn.qkv_proj) == [Q.Q5_0, Q.Q8_0]  # the file's blocks: Q5_0 q, k and a Q8_0 v
+    assert segments(layer.mlp.gate_up_proj) == [Q.Q5_0]
+    assert segments(native.engine.model.model.layers[2].self_attn.qkv_proj) == [Q.Q5_0]  # q, k and v Q5_0
+    assert segments(layer.self_attn.o_proj) == [Q.Q4_K]
+    assert segments(native.engine.model.lm_head) == [Q.Q8_0]  # the tied embedding
     assert native.engine.weight_bytes < 0.6 * gemma3_llm.engine.weight_bytes
     params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     for text in PROMPTS:

@@ -18,6 +18,8 @@
  *   INT4: codes [N, K / 2] (lowbit_linear.c's layout), scale and offset [N, G]
  *   INT8: codes [N, K], scale [N, G]
  *   Q5_0: GGUF's blocks [N, K / 32 * 22] (lowbit_q5_rows.h: unpacked a row at a time for the INT8 row functions)
+ *   GGML: a GGUF file's own blocks (ggml_rows.h), in `group` segments of rows of one type each, `segments`
+ *         (type, rows, first byte) per segment; integer-dot activations only, any batch in one pass
  * and, for batches of PANEL_MIN_ROWS or more on the integer-dot path, the same weights as panels
  * (lowbit_panels.h) where given.
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
@@ -38,19 +40,25 @@
 #include <string.h>
 
 #include "attention_rows.h"
+#include "ggml_rows.h"
 #include "float_rows.h"
 #include "lowbit_float_rows.h"
 #include "lowbit_panels.h"
 #include "lowbit_q5_rows.h"
 #include "lowbit_q8_rows.h"
 
-enum { F32 = 0, INT4 = 1, INT8 = 2, Q5_0 = 3 };
+enum { F32 = 0, INT4 = 1, INT8 = 2, Q5_0 = 3, GGML = 4 };
 
 typedef struct {
     int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
     const void *weight; /* F32 weights or low-bit codes */
-    const float *scale, *offset, *bias; /* offset: INT4 only; bias may be NULL */
-    int64_t N, K, group;
+    const float *scale;
+    union {
+        const float *offset;     /* INT4 */
+        const int64_t *segments; /* GGML: (type, rows, first byte) per segment */
+    };
+    const float *bias; /* may be NULL */
+    int64_t N, K, group; /* GGML: group is the segment count */
     const uint8_t *panels; /* with bits: the codes also in lowbit_panels.h's panels, for batches (NULL: none) */
 } LinearDesc;
 
@@ -77,6 +85,7 @@ typedef struct {
     int8_t *codes; /* Q5_0: two weight rows unpacked, and their scales */
     float *scales;
     int32_t *bias; /* Q5_0 on VNNI at batch 1: q5_0_bias's sums */
+    int32_t *s4;   /* GGML: activation_sums4's */
 } Scratch;
 
 static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
@@ -93,10 +102,11 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.codes = malloc(2 * K);
     s.scales = malloc(sizeof(float) * 2 * (K / BLOCK));
     s.bias = malloc(sizeof(int32_t) * 2 * (K / 4));
+    s.s4 = malloc(sizeof(int32_t) * B * (K / 4));
     return s;
 }
 
-static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales), free(s->bias); }
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales), free(s->bias), free(s->s4); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
  * four-row functions on the same rows, for the same bits); for batches, whole panels. */
@@ -284,9 +294,32 @@ static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
                s->y, n1 - n0, n0);
 }
 
+/* A GGML weight's rows [n0, n1) against the whole batch (the row functions tile it: each weight byte read
+ * once), segment by segment, into s->y. */
+static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    const int planes = w->bits == 16 ? 2 : 1;
+    quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum);
+    activation_sums4(s->qx, B, w->K, planes, s->s4);
+    const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes};
+    int64_t row0 = 0;
+    for (int64_t i = 0; i < w->group; i++) {
+        const int64_t type = w->segments[3 * i], rows = w->segments[3 * i + 1];
+        const int64_t lo = n0 > row0 ? n0 : row0, hi = n1 < row0 + rows ? n1 : row0 + rows;
+        if (lo < hi)
+            ggml_slice(use_vnni(), type, (const uint8_t *)w->weight + w->segments[3 * i + 2], lo - row0, hi - row0, &a, B,
+                       s->y + (lo - n0), n1 - n0);
+        row0 += rows;
+    }
+}
+
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
 static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     if (n0 >= n1) return;
+    if (w->kind == GGML) {
+        ggml_linear_slice(w, x, B, n0, n1, s);
+        add_bias(w, B, n0, n1, s->y);
+        return;
+    }
     if (w->panels && w->bits && B >= PANEL_MIN_ROWS && n0 % PANEL == 0) {
         panel_slice(w, x, B, n0, n1, s);
         add_bias(w, B, n0, n1, s->y);

@@ -32,6 +32,11 @@ void q5_0_linear(const float *x, const uint8_t *blocks, float *y, int64_t M, int
 void q5_0_unpack(const uint8_t *blocks, int8_t *codes, float *scale, int64_t N, int64_t K);
 // lowbit_dot.c
 int has_vnni(void);
+// ggml_dot.c
+int ggml_type_supported(int64_t type);
+int64_t ggml_row_bytes_of(int64_t type, int64_t K);
+void ggml_linear_dot(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K, int64_t type,
+                     int64_t bits, int64_t isa);
 void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
                      int64_t M, int64_t N, int64_t K, int64_t group, int64_t bits, int64_t isa);
 void int8_linear_dot(const float *x, const int8_t *codes, const float *scale, float *y, int64_t M, int64_t N,
@@ -241,6 +246,23 @@ at::Tensor q5_0_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_
 }
 
 int64_t has_vnni() { return kernels::has_vnni(); }
+
+// x [M, K] float32 (any M) @ a weight held as ggml blocks of `type` [N, bytes per row] uint8 (ggml_rows.h).
+at::Tensor ggml_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_t type, int64_t bits, int64_t isa) {
+    const char *op = "ggml_linear_dot";
+    TORCH_CHECK(kernels::ggml_type_supported(type), op, ": ggml type ", type, " has no kernel");
+    check(op, "x", x, at::kFloat, 2);
+    check(op, "blocks", blocks, at::kByte, 2);
+    check_bits(op, bits);
+    const int64_t M = x.size(0), N = blocks.size(0), K = x.size(1);
+    TORCH_CHECK(K > 0 && blocks.size(1) == kernels::ggml_row_bytes_of(type, K), op, ": blocks ", blocks.sizes(),
+                " do not hold rows of ", K, " weights of ggml type ", type);
+    at::Tensor y = float_empty(M, N);
+    if (M > 0 && N > 0)
+        kernels::ggml_linear_dot(x.const_data_ptr<float>(), blocks.const_data_ptr<uint8_t>(), y.mutable_data_ptr<float>(),
+                                 M, N, K, type, bits, isa);
+    return y;
+}
 
 // x [M, K] float32 (any M) @ a weight [N, K] held as panels [ceil(N / PANEL), K / CHUNK, block_bytes].
 at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits,
@@ -460,6 +482,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("q5_0_unpack(Tensor blocks) -> (Tensor, Tensor)");
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
+    m.def("ggml_linear_dot(Tensor x, Tensor blocks, int type, int bits=16, int isa=1) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("greedy_argmax(Tensor logits) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
@@ -484,6 +507,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("q5_0_unpack", &q5_0_unpack);
     m.impl("int4_gemm_dot", &int4_gemm_dot);
     m.impl("int8_gemm_dot", &int8_gemm_dot);
+    m.impl("ggml_linear_dot", &ggml_linear_dot);
     m.impl("greedy_argmax", &greedy_argmax);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);

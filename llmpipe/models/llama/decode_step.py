@@ -30,8 +30,8 @@ from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.attention_kernel import cache_tensors
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.quant.linear import (FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, Int4Linear, Int8Linear,
-                                  Q5_0Linear)
+from llmpipe.quant.linear import (FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, GGMLLinear, Int4Linear,
+                                  Int8Linear, Q5_0Linear)
 
 MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
 # Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
@@ -41,7 +41,7 @@ MAX_BATCH = KERNEL_MAX_BATCH
 # With activation quantization on every linear (panels: each weight read once a step for the whole
 # batch, as a GEMM reads it), the step takes decode batches up to this.
 PANEL_MAX_BATCH = 256
-F32, INT4, INT8, Q5_0 = 0, 1, 2, 3
+F32, INT4, INT8, Q5_0, GGML = 0, 1, 2, 3, 4
 LINEAR_SLOTS = 10  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
 ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}  # csrc SILU, GELU_TANH
 TABLE_WORD = 2 + 4 * LINEAR_SLOTS + 4 + 3  # csrc LayerDesc.table: the layer's block-table set, set per step
@@ -61,6 +61,11 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         if w.dtype != torch.float32 or not w.is_contiguous() or w.shape[1] % 16:
             return None
         return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0]
+    if isinstance(module, GGMLLinear):  # integer-dot activations only; the segments where `offset` goes
+        if not module.activation_bits:
+            return None
+        return [GGML, module.activation_bits, module.blocks.data_ptr(), 0, module.segment_table.data_ptr(), _ptr(bias),
+                module.out_features, module.in_features, len(module.segments), 0]
     if not isinstance(module, (Int4Linear, Int8Linear, Q5_0Linear)) or module.padded_in != module.in_features:
         return None
     bits = module.activation_bits or 0

@@ -1,0 +1,518 @@
+/* Row kernels over ggml's own quantized blocks, read in place from the GGUF file's bytes (as ggml-cpu's
+ * vec_dot functions do): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. A weight row is K / W blocks of
+ * the type's bytes (W = 32 weights, or 256 for the K-quants and IQ4_XS); nothing is unpacked to memory.
+ *
+ * The activations are the integer-dot kernels' (lowbit_q8_rows.h: quantize_rows with groups of 32):
+ * int8 codes in one plane, or 15-bit codes in two, dx per block of 32, xsum = dx * sum(codes) per block.
+ * Each block's weights become unsigned bytes u (dpbusd's / maddubs' first operand) with
+ *   w = scale * (u - zero)    zero a power of two: Q4_0 8, Q6_K 32, Q8_0 and the IQ4 codebooks 128
+ *                             (the signed code plus 128); its term is zero * the sum of each dot lane's
+ *                             four activation codes (s4, once per activation row), a shift and a subtract;
+ *   w = scale * u - min       Q4_K / Q5_K: the min meets xsum, as llama.cpp's Q8_K block sums.
+ * So every type's dot is the same integer dot of codes against codes, exact, and the float work is one
+ * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
+ *
+ * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: each block's
+ * weights unpacked as signed int8 codes into a scratch row (ggml_unpack below), then maddubs with the
+ * sign trick; the portable path and the reference in the tests dequantize in PyTorch (gguf_quants.py). */
+#pragma once
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "lowbit_q8_rows.h"
+
+/* ggml_type's numbers, as the GGUF file stores them. */
+enum {
+    GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
+    GGML_IQ4_NL = 20, GGML_IQ4_XS = 23
+};
+
+#define QK_K 256
+#define GGML_PREFETCH_BYTES 4096
+
+static inline int ggml_supported(int64_t t) {
+    return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
+           t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS;
+}
+static inline int64_t ggml_block_weights(int64_t t) { return t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_XS ? QK_K : 32; }
+static inline int64_t ggml_block_bytes(int64_t t) {
+    switch (t) {
+    case GGML_Q4_0: case GGML_IQ4_NL: return 18;
+    case GGML_Q4_1: return 20;
+    case GGML_Q5_0: return 22;
+    case GGML_Q5_1: return 24;
+    case GGML_Q8_0: return 34;
+    case GGML_Q4_K: return 144;
+    case GGML_Q5_K: return 176;
+    case GGML_Q6_K: return 210;
+    default: return 136; /* IQ4_XS */
+    }
+}
+static inline int64_t ggml_row_bytes(int64_t t, int64_t K) { return K / ggml_block_weights(t) * ggml_block_bytes(t); }
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* ggml's kvalues_iq4nl, plus 128: the IQ4 codebooks as unsigned bytes. */
+static const uint8_t IQ4_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins → d * scale and dmin * min of the eight sub-blocks. */
+static inline void k_scales_mins(const uint8_t *q, float d, float dmin, float *sc, float *mn) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = d * (float)(q[j] & 63), mn[j] = dmin * (float)(q[j + 4] & 63);
+        sc[j + 4] = d * (float)((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
+        mn[j + 4] = dmin * (float)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+/* IQ4_XS: the eight sub-blocks' scales d * (ls - 32), ls 6 bits: low nibbles at q + 2, high pairs in q[0..1]. */
+static inline void iq4_xs_scales(const uint8_t *b, float *sc) {
+    const float d = f16_at(b);
+    uint16_t high;
+    memcpy(&high, b + 2, 2);
+    for (int i = 0; i < 8; i++) {
+        const int ls = ((b[4 + i / 2] >> (4 * (i % 2))) & 0xF) | (((high >> (2 * i)) & 3) << 4);
+        sc[i] = d * (float)(ls - 32);
+    }
+}
+
+/* The zero point's shift (zero = 1 << shift), -1 for the min types. */
+static inline int ggml_zero_shift(int64_t t) {
+    switch (t) {
+    case GGML_Q4_0: return 3;
+    case GGML_Q5_0: return 4;
+    case GGML_Q6_K: return 5;
+    case GGML_Q4_1: case GGML_Q5_1: case GGML_Q4_K: case GGML_Q5_K: return -1;
+    default: return 7;
+    }
+}
+
+/* s4[m, i] = the sum of activation codes 4i .. 4i + 3 of row m (15-bit codes: 128 * high plane + low). */
+static inline void activation_sums4(const int8_t *qx, int64_t M, int64_t K, int PL, int32_t *s4) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < K / 4; i++) {
+            const int8_t *h = qx + m * K + 4 * i;
+            int32_t s = (int32_t)h[0] + h[1] + h[2] + h[3];
+            if (PL == 2) {
+                const int8_t *l = h + M * K;
+                s = 128 * s + l[0] + l[1] + l[2] + l[3];
+            }
+            s4[m * (K / 4) + i] = s;
+        }
+}
+
+/* ---- AVX2 (and every CPU without VNNI): a block unpacked to signed codes, then maddubs ------------ */
+
+/* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
+ * (one per 16 weights), mins float [W / 32] (the min types; else zeros). */
+static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float *s16, float *m32) {
+    switch (t) {
+    case GGML_Q8_0:
+        memcpy(codes, b + 2, 32);
+        s16[0] = s16[1] = f16_at(b), m32[0] = 0;
+        return;
+    case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1: {
+        const int has_min = t != GGML_Q5_0, five = t != GGML_Q4_1;
+        const uint8_t *qs = b + (t == GGML_Q4_1 ? 4 : t == GGML_Q5_0 ? 6 : 8);
+        uint32_t fifth = 0;
+        if (five) memcpy(&fifth, b + (t == GGML_Q5_0 ? 2 : 4), 4);
+        for (int j = 0; j < 16; j++) {
+            const int lo = (qs[j] & 0xF) | (int)(((fifth >> j) & 1) << 4), hi = (qs[j] >> 4) | (int)(((fifth >> (j + 16)) & 1) << 4);
+            codes[j] = (int8_t)(has_min ? lo : lo - 16), codes[j + 16] = (int8_t)(has_min ? hi : hi - 16);
+        }
+        s16[0] = s16[1] = f16_at(b), m32[0] = has_min ? -f16_at(b + 2) : 0;
+        return;
+    }
+    case GGML_Q4_0: case GGML_IQ4_NL:
+        for (int j = 0; j < 16; j++) {
+            const int lo = b[2 + j] & 0xF, hi = b[2 + j] >> 4;
+            codes[j] = (int8_t)(t == GGML_Q4_0 ? lo - 8 : IQ4_U8[lo] - 128);
+            codes[j + 16] = (int8_t)(t == GGML_Q4_0 ? hi - 8 : IQ4_U8[hi] - 128);
+        }
+        s16[0] = s16[1] = f16_at(b), m32[0] = 0;
+        return;
+    case GGML_Q4_K: case GGML_Q5_K: {
+        float sc[8];
+        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
+        const uint8_t *qs = b + (t == GGML_Q4_K ? 16 : 48), *qh = b + 16;
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * j + l] & 0xF, hi = qs[32 * j + l] >> 4;
+                if (t == GGML_Q5_K) lo |= ((qh[l] >> (2 * j)) & 1) << 4, hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                codes[64 * j + l] = (int8_t)lo, codes[64 * j + 32 + l] = (int8_t)hi;
+            }
+        for (int i = 0; i < 16; i++) s16[i] = sc[i / 2];
+        return;
+    }
+    case GGML_Q6_K: {
+        const float d = f16_at(b + 208);
+        for (int h = 0; h < 2; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = b[64 * h + l], c = b[64 * h + 32 + l], q = b[128 + 32 * h + l];
+                int8_t *o = codes + 128 * h + l;
+                o[0] = (int8_t)(((a & 0xF) | ((q & 3) << 4)) - 32);
+                o[32] = (int8_t)(((c & 0xF) | (((q >> 2) & 3) << 4)) - 32);
+                o[64] = (int8_t)(((a >> 4) | (((q >> 4) & 3) << 4)) - 32);
+                o[96] = (int8_t)(((c >> 4) | (((q >> 6) & 3) << 4)) - 32);
+            }
+        for (int i = 0; i < 16; i++) s16[i] = d * (float)(int8_t)b[192 + i];
+        for (int i = 0; i < 8; i++) m32[i] = 0;
+        return;
+    }
+    default: { /* IQ4_XS */
+        float sc[8];
+        iq4_xs_scales(b, sc);
+        for (int i = 0; i < 8; i++) {
+            for (int j = 0; j < 16; j++) {
+                codes[32 * i + j] = (int8_t)(IQ4_U8[b[8 + 16 * i + j] & 0xF] - 128);
+                codes[32 * i + 16 + j] = (int8_t)(IQ4_U8[b[8 + 16 * i + j] >> 4] - 128);
+            }
+            s16[2 * i] = s16[2 * i + 1] = sc[i], m32[i] = 0;
+        }
+        return;
+    }
+    }
+}
+
+/* One weight row against MR activation rows (row m's planes at qx + m * K and + lo; dx, xsum [MR, K / 32]):
+ * out[m] = the row's dot with activation row m. codes, s16, m32: a block's scratch. */
+static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const uint8_t *row, const int8_t *qx,
+                                                                const float *dx, const float *xsum, int64_t K, int64_t lo,
+                                                                float *out, const int MR, const int PL, int8_t *codes) {
+    const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t), B = K / BLOCK;
+    float s16[16], m32[8];
+    __m256 acc[8];
+    float mins[8] = {0};
+    for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
+    for (int64_t blk = 0; blk < K / W; blk++) {
+        const uint8_t *b = row + blk * S;
+        STREAM_PREFETCH(b + GGML_PREFETCH_BYTES);
+        ggml_unpack(t, b, codes, s16, m32);
+        for (int64_t i = 0; i < W / BLOCK; i++) {
+            const int64_t c = blk * (W / BLOCK) + i;
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + i * BLOCK)), wabs = _mm256_sign_epi8(w, w);
+            const __m256 ws = _mm256_setr_m128(_mm_set1_ps(s16[2 * i]), _mm_set1_ps(s16[2 * i + 1]));
+            for (int m = 0; m < MR; m++) {
+                const int8_t *p = qx + m * K + c * BLOCK;
+                __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), w), PL == 1 ? ONES16 : HIGH16);
+                if (PL == 2) d = _mm256_add_epi32(d, dot_u8s8(_mm256_loadu_si256((const __m256i *)(p + lo)), w, ONES16));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ws, _mm256_set1_ps(dx[m * B + c])), acc[m]);
+                mins[m] += m32[i] * xsum[m * B + c];
+            }
+        }
+    }
+    for (int m = 0; m < MR; m++) out[m] = hsum(acc[m]) - mins[m];
+}
+
+/* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
+
+/* acc[m] += the pair of blocks (c, c + 1)'s dot: w their 64 unsigned codes, ws their sixteen lanes'
+ * weight scales; ZS the zero point's shift (-1: none). */
+#define VNNI_PAIR(w, ws, c, ZS)                                                                                    \
+    for (int m = 0; m < MR; m++) {                                                                                 \
+        const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
+        __m512i d_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(p_));                      \
+        if (PL == 2) d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(d_, 7), w, _mm512_loadu_si512(p_ + lo));            \
+        if ((ZS) >= 0) d_ = _mm512_sub_epi32(d_, _mm512_slli_epi32(_mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8), (ZS) < 0 ? 0 : (ZS))); \
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), _mm512_mul_ps(ws, pair_lanes(dx + m * B + (c))), acc[m]); \
+    }
+
+/* As VNNI_PAIR with each row's sixteen lane multipliers (weight scale x dx) given: KM, an expression of m. */
+#define VNNI_PAIR_SCALED(w, KM, c, ZS)                                                                             \
+    for (int m = 0; m < MR; m++) {                                                                                 \
+        const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
+        __m512i d_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(p_));                      \
+        if (PL == 2) d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(d_, 7), w, _mm512_loadu_si512(p_ + lo));            \
+        if ((ZS) >= 0) d_ = _mm512_sub_epi32(d_, _mm512_slli_epi32(_mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8), (ZS) < 0 ? 0 : (ZS))); \
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), KM, acc[m]);                                              \
+    }
+
+/* Lanes 0-7 sub-block 2j's, 8-15 sub-block 2j + 1's of eight per-sub-block values (a pair of blocks of 32). */
+VNNI static inline __m512 pair_of_eight(__m512 eight, int j) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                                  _mm512_set1_epi32(2 * j)), eight);
+}
+
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as bytes 0-7 (scales) and 8-15 (mins). */
+static inline __m128i k_scale_bytes(const uint8_t *q) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    return _mm_setr_epi32((int)(a[0] & six), (int)((a[2] & four) | (((a[0] >> 6) & two) << 4)), (int)(a[1] & six),
+                          (int)(((a[2] >> 4) & four) | (((a[1] >> 6) & two) << 4)));
+}
+
+/* As VNNI_PAIR for one block (the last of an odd count), at 256 bits. */
+#define VNNI_ONE(w, ws, c, ZS)                                                                                     \
+    for (int m = 0; m < MR; m++) {                                                                                 \
+        const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
+        __m256i d_ = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256((const __m256i *)p_));      \
+        if (PL == 2) d_ = _mm256_dpbusd_epi32(_mm256_slli_epi32(d_, 7), w, _mm256_loadu_si256((const __m256i *)(p_ + lo))); \
+        if ((ZS) >= 0) d_ = _mm256_sub_epi32(d_, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(s4 + m * (K / 4) + (c) * 8)), (ZS) < 0 ? 0 : (ZS))); \
+        tail[m] += dx[m * B + (c)] * (ws) * hsum(_mm256_cvtepi32_ps(d_));                                          \
+    }
+
+#define VNNI_ROW_BEGIN                                                                                             \
+    const int64_t B = K / BLOCK;                                                                                   \
+    __m512 acc[8];                                                                                                 \
+    float tail[8] = {0};                                                                                           \
+    for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();
+#define VNNI_ROW_END for (int m = 0; m < MR; m++) out[m] = _mm512_reduce_add_ps(acc[m]) + tail[m];
+
+#define VNNI_ROW_ARGS                                                                                              \
+    const uint8_t *row, const int8_t *qx, const float *dx, const float *xsum, const int32_t *s4, int64_t K,         \
+        int64_t lo, float *out, const int MR, const int PL
+#define VNNI_ROW(NAME) VNNI static inline __attribute__((always_inline)) void NAME(VNNI_ROW_ARGS)
+
+/* 16 bytes (q0) and 16 more (q1), each two blocks' halves of nibbles (byte j: weight j low, j + 16 high)
+ * → 64 codes: q0's 32 weights, then q1's. */
+VNNI static inline __m512i nibble_pairs(__m128i q0, __m128i q1) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    const __m256i a = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q0, 4), q0), m);
+    const __m256i b = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q1, 4), q1), m);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+VNNI static inline __m256i nibble_block(__m128i q) {
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+VNNI static inline __m512i iq4_table(void) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_U8));
+}
+
+/* The 32-weight types: two blocks at a time. MIN: the byte offset of a block's float16 min m (Q4_1 / Q5_1:
+ * w = d * q + m, m meeting xsum), 0 for none. */
+#define DEFINE_VNNI_ROW32(NAME, STRIDE, CODES2, CODES1, ZS, MIN)                                                     \
+    VNNI_ROW(NAME) {                                                                                               \
+        VNNI_ROW_BEGIN                                                                                             \
+        int64_t c = 0;                                                                                             \
+        for (; c + 1 < B; c += 2) {                                                                                \
+            const uint8_t *b = row + c * (STRIDE);                                                                 \
+            STREAM_PREFETCH(b + GGML_PREFETCH_BYTES);                                                              \
+            const __m512i w = CODES2(b);                                                                           \
+            const __m512 ws = lane_halves(f16_at(b), f16_at(b + (STRIDE)));                                        \
+            VNNI_PAIR(w, ws, c, ZS)                                                                                \
+            if (MIN)                                                                                               \
+                for (int m = 0; m < MR; m++)                                                                       \
+                    tail[m] += f16_at(b + (MIN)) * xsum[m * B + c] + f16_at(b + (STRIDE) + (MIN)) * xsum[m * B + c + 1]; \
+        }                                                                                                          \
+        if (c < B) {                                                                                               \
+            const uint8_t *b = row + c * (STRIDE);                                                                 \
+            const __m256i w = CODES1(b);                                                                           \
+            const float ws = f16_at(b);                                                                            \
+            VNNI_ONE(w, ws, c, ZS)                                                                                 \
+            if (MIN)                                                                                               \
+                for (int m = 0; m < MR; m++) tail[m] += f16_at(b + (MIN)) * xsum[m * B + c];                       \
+        }                                                                                                          \
+        VNNI_ROW_END                                                                                               \
+    }
+#define Q4_0_CODES2(b) nibble_pairs(_mm_loadu_si128((const __m128i *)((b) + 2)), _mm_loadu_si128((const __m128i *)((b) + 20)))
+#define Q4_0_CODES1(b) nibble_block(_mm_loadu_si128((const __m128i *)((b) + 2)))
+#define IQ4_NL_CODES2(b) _mm512_shuffle_epi8(iq4_table(), Q4_0_CODES2(b))
+#define IQ4_NL_CODES1(b) _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4_table()), Q4_0_CODES1(b))
+#define Q8_0_CODES2(b)                                                                                               \
+    _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)((b) + 2))),       \
+                                        _mm256_loadu_si256((const __m256i *)((b) + 36)), 1), _mm512_set1_epi8((char)0x80))
+#define Q8_0_CODES1(b) _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((b) + 2)), _mm256_set1_epi8((char)0x80))
+/* Q5_0 / Q5_1: the nibbles plus 16 where the block's fifth-bit word (bit j: weight j), read as a lane mask, is set. */
+VNNI static inline __m256i five_bit_block(const uint8_t *fifth, const uint8_t *qs) {
+    uint32_t bits;
+    memcpy(&bits, fifth, 4);
+    const __m256i q = nibble_block(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_mask_add_epi8(q, (__mmask32)bits, q, _mm256_set1_epi8(16));
+}
+#define FIVE_CODES2(b, F, Q, S) _mm512_inserti64x4(_mm512_castsi256_si512(five_bit_block((b) + (F), (b) + (Q))), five_bit_block((b) + (S) + (F), (b) + (S) + (Q)), 1)
+#define Q4_1_CODES2(b) nibble_pairs(_mm_loadu_si128((const __m128i *)((b) + 4)), _mm_loadu_si128((const __m128i *)((b) + 24)))
+#define Q4_1_CODES1(b) nibble_block(_mm_loadu_si128((const __m128i *)((b) + 4)))
+#define Q5_0_CODES2(b) FIVE_CODES2(b, 2, 6, 22)
+#define Q5_0_CODES1(b) five_bit_block((b) + 2, (b) + 6)
+#define Q5_1_CODES2(b) FIVE_CODES2(b, 4, 8, 24)
+#define Q5_1_CODES1(b) five_bit_block((b) + 4, (b) + 8)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q4_0, 18, Q4_0_CODES2, Q4_0_CODES1, 3, 0)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q4_1, 20, Q4_1_CODES2, Q4_1_CODES1, -1, 2)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q5_0, 22, Q5_0_CODES2, Q5_0_CODES1, 4, 0)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q5_1, 24, Q5_1_CODES2, Q5_1_CODES1, -1, 2)
+DEFINE_VNNI_ROW32(ggml_row_vnni_iq4_nl, 18, IQ4_NL_CODES2, IQ4_NL_CODES1, 7, 0)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
+
+/* Prefetch a super-block's bytes, GGML_PREFETCH_BYTES ahead. */
+#define PREFETCH_SUPER(b, S)                                                                                       \
+    for (int l_ = 0; l_ < (S); l_ += 64) STREAM_PREFETCH((b) + GGML_PREFETCH_BYTES + l_)
+
+/* Q4_K / Q5_K: four pairs of sub-blocks a super-block (32 bytes of nibbles each: low ones sub-block 2j, high
+ * ones 2j + 1; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 high-bit bytes), mins against xsum. */
+#define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
+    VNNI_ROW(NAME) {                                                                                               \
+        (void)s4;                                                                                                  \
+        VNNI_ROW_BEGIN                                                                                             \
+        __m256 macc[8];                                                                                            \
+        for (int m = 0; m < MR; m++) macc[m] = _mm256_setzero_ps();                                                \
+        const __m256i low = _mm256_set1_epi8(0x0F);                                                                \
+        for (int64_t sb = 0; sb < K / QK_K; sb++) {                                                                \
+            const uint8_t *b = row + sb * (S);                                                                     \
+            PREFETCH_SUPER(b, S);                                                                                  \
+            const __m128i packed = k_scale_bytes(b + 4);                                                           \
+            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))); \
+            const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)),                                       \
+                                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))); \
+            __m512 k[8];                                                                                           \
+            for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8))); \
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));                                      \
+            (void)qh;                                                                                              \
+            for (int j = 0; j < 4; j++) {                                                                          \
+                const __m256i q = _mm256_loadu_si256((const __m256i *)(b + (QS) + 32 * j));                        \
+                __m256i lo4 = _mm256_and_si256(q, low), hi4 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);      \
+                if (FIFTH) {                                                                                       \
+                    const __m256i sixteen = _mm256_set1_epi8(16);                                                  \
+                    lo4 = _mm256_mask_add_epi8(lo4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * j)))), lo4, sixteen); \
+                    hi4 = _mm256_mask_add_epi8(hi4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * j)))), hi4, sixteen); \
+                }                                                                                                  \
+                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo4), hi4, 1);                         \
+                VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, -1)                                    \
+            }                                                                                                      \
+            for (int m = 0; m < MR; m++) macc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * B + sb * 8), macc[m]); \
+        }                                                                                                          \
+        for (int m = 0; m < MR; m++) tail[m] = -hsum(macc[m]);                                                     \
+        VNNI_ROW_END                                                                                               \
+    }
+DEFINE_VNNI_ROW_K(ggml_row_vnni_q4_k, 144, 16, 0)
+DEFINE_VNNI_ROW_K(ggml_row_vnni_q5_k, 176, 48, 1)
+
+/* Q6_K: per 128-weight half h, 64 bytes of low nibbles (A, B), 32 of high pairs (H): blocks 4h .. 4h + 3 are
+ * A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4 (Hk: bits 2k, 2k + 1 of H);
+ * sixteen int8 scales, one per 16 weights. */
+VNNI_ROW(ggml_row_vnni_q6_k) {
+    (void)xsum;
+    VNNI_ROW_BEGIN
+    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    for (int64_t sb = 0; sb < K / QK_K; sb++) {
+        const uint8_t *b = row + sb * 210;
+        PREFETCH_SUPER(b, 210);
+        const __m512 s16 = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)),
+                                         _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192)))));
+        __m512 k[8]; /* each sub-block's scale x its block's dx */
+        for (int m = 0; m < MR; m++)
+            k[m] = _mm512_mul_ps(s16, _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1),
+                                                            _mm512_castps256_ps512(_mm256_loadu_ps(dx + m * B + sb * 8))));
+        for (int h = 0; h < 2; h++) {
+            const __m512i ab = _mm512_loadu_si512(b + 64 * h);
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(ab, low), _mm512_slli_epi16(_mm512_and_si512(hh, two), 4));
+            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ab, 4), low),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), two), 4));
+            const int64_t c = sb * 8 + 4 * h;
+            const __m512i at0 = _mm512_add_epi32(spread, _mm512_set1_epi32(8 * h)), at1 = _mm512_add_epi32(at0, _mm512_set1_epi32(4));
+            VNNI_PAIR_SCALED(w0, _mm512_permutexvar_ps(at0, k[m]), c, 5)
+            VNNI_PAIR_SCALED(w1, _mm512_permutexvar_ps(at1, k[m]), c + 2, 5)
+        }
+    }
+    VNNI_ROW_END
+}
+
+/* IQ4_XS: eight sub-blocks of 32 (16 bytes of nibbles each, as IQ4_NL's), codebook values, 6-bit scales. */
+VNNI_ROW(ggml_row_vnni_iq4_xs) {
+    (void)xsum;
+    VNNI_ROW_BEGIN
+    const __m512i table = iq4_table();
+    for (int64_t sb = 0; sb < K / QK_K; sb++) {
+        const uint8_t *b = row + sb * 136;
+        PREFETCH_SUPER(b, 136);
+        uint32_t low;
+        uint16_t high;
+        memcpy(&low, b + 4, 4), memcpy(&high, b + 2, 2);
+        const __m256i i8 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        const __m256i ls = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)low), _mm256_slli_epi32(i8, 2)), _mm256_set1_epi32(15)),
+                                           _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(high), _mm256_slli_epi32(i8, 1)), _mm256_set1_epi32(3)), 4));
+        const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
+        __m512 k[8];
+        for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8)));
+        for (int j = 0; j < 4; j++) {
+            const uint8_t *q = b + 8 + 32 * j;
+            const __m512i w = _mm512_shuffle_epi8(table, nibble_pairs(_mm_loadu_si128((const __m128i *)q),
+                                                                      _mm_loadu_si128((const __m128i *)(q + 16))));
+            VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, 7)
+        }
+    }
+    VNNI_ROW_END
+}
+
+/* ---- a run of rows ------------------------------------------------------------------------------ */
+
+/* The activation rows as the row functions take them (quantize_rows' qx, dx, xsum with groups of 32; s4). */
+typedef struct {
+    const int8_t *qx;
+    const float *dx, *xsum;
+    const int32_t *s4;
+    int64_t K;
+    int planes;
+} GGMLActs;
+
+#define GGML_TILE_ROWS 16
+
+/* Weight rows [n0, n1) (row n at blocks + n * its bytes) against M activation rows, into y[m * ld + n - n0]:
+ * tiles of GGML_TILE_ROWS rows stay in cache while every eight activation rows pass over them, so a
+ * prefill chunk streams the weight from memory once, as a decode step does. */
+#define GGML_TILED(ROW)                                                                                 \
+    for (int64_t t0 = n0; t0 < n1; t0 += GGML_TILE_ROWS)                                                \
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {                                                         \
+            const int64_t mr = M - m0 < 8 ? M - m0 : 8, t1 = t0 + GGML_TILE_ROWS < n1 ? t0 + GGML_TILE_ROWS : n1; \
+            const int8_t *q = a->qx + m0 * K;                                                           \
+            const float *d = a->dx + m0 * (K / BLOCK), *xs = a->xsum + m0 * (K / BLOCK);                \
+            const int32_t *s4m = a->s4 + m0 * (K / 4);                                                  \
+            (void)s4m;                                                                                  \
+            for (int64_t n = t0; n < t1; n++) {                                                         \
+                const uint8_t *w = blocks + n * row_bytes;                                              \
+                float out[8];                                                                           \
+                FOR_ROWS(mr, ROW);                                                                      \
+                for (int64_t m = 0; m < mr; m++) y[(m0 + m) * ld + n - n0] = out[m];                    \
+            }                                                                                           \
+        }
+#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, lo, out, MR, PL, codes)
+#define GGML_VNNI_CASE(TYPE, FN) \
+    case TYPE: WITH_PLANES(a->planes, GGML_TILED(GGML_VNNI_CALL_##FN)); break;
+#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, lo, out, MR, PL)
+#define GGML_VNNI_CALL_q4_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_0, MR)
+#define GGML_VNNI_CALL_q8_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q8_0, MR)
+#define GGML_VNNI_CALL_q4_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_1, MR)
+#define GGML_VNNI_CALL_q5_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_0, MR)
+#define GGML_VNNI_CALL_q5_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_1, MR)
+#define GGML_VNNI_CALL_iq4_nl(MR) GGML_VNNI_CALL(ggml_row_vnni_iq4_nl, MR)
+#define GGML_VNNI_CALL_q4_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_k, MR)
+#define GGML_VNNI_CALL_q5_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_k, MR)
+#define GGML_VNNI_CALL_q6_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q6_k, MR)
+#define GGML_VNNI_CALL_iq4_xs(MR) GGML_VNNI_CALL(ggml_row_vnni_iq4_xs, MR)
+
+static void ggml_slice_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a, int64_t M,
+                            float *y, int64_t ld) {
+    const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K;
+    int8_t codes[QK_K];
+    WITH_PLANES(a->planes, GGML_TILED(GGML_AVX2_ROW));
+}
+
+VNNI static void ggml_slice_vnni(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
+                                 int64_t M, float *y, int64_t ld) {
+    const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K;
+    switch (type) {
+        GGML_VNNI_CASE(GGML_Q4_0, q4_0)
+        GGML_VNNI_CASE(GGML_Q8_0, q8_0)
+        GGML_VNNI_CASE(GGML_Q4_1, q4_1)
+        GGML_VNNI_CASE(GGML_Q5_0, q5_0)
+        GGML_VNNI_CASE(GGML_Q5_1, q5_1)
+        GGML_VNNI_CASE(GGML_IQ4_NL, iq4_nl)
+        GGML_VNNI_CASE(GGML_Q4_K, q4_k)
+        GGML_VNNI_CASE(GGML_Q5_K, q5_k)
+        GGML_VNNI_CASE(GGML_Q6_K, q6_k)
+        GGML_VNNI_CASE(GGML_IQ4_XS, iq4_xs)
+    }
+}
+
+/* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
+static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
+                              int64_t M, float *y, int64_t ld) {
+    (vnni ? ggml_slice_vnni : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
+}

@@ -1,0 +1,95 @@
+"""The GGML kernels (csrc/ggml_rows.h, `kernels.ggml_linear_dot`): a GGUF file's own blocks of every type they
+read, against gguf-py's dequantized weight times the float activations, on random blocks and on weights that
+gguf-py quantized, through each ISA, one- and two-plane activations and batches of every row-run length."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as Q, quants
+from hypothesis import given, settings, strategies as st
+
+from llmpipe.kernels import build
+from llmpipe.loader.gguf_weights import GGML_TYPES
+from llmpipe.quant import kernels
+from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS
+
+pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FMA, a C compiler and ninja")
+
+LEVELS = {8: 127, 16: 16256}  # the activation blocks' levels (csrc lowbit_q8_rows.h Q8_LEVELS, Q16_LEVELS)
+SCALE_OFFSETS = {**RANDOM_BLOCK_SCALE_OFFSETS, Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,)}
+
+
+def random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
+    """Random bytes with float16 scales (and mins) of a sensible size: [rows, bytes per row]."""
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
+    for offset in SCALE_OFFSETS[qtype]:
+        scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype(np.float16)
+        blocks[..., offset : offset + 2] = scales[..., None].view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def error_bound(x: torch.Tensor, w: torch.Tensor, bits: int) -> torch.Tensor:
+    """What quantizing x to blocks of 32 may move each output by: half a step of each block times the weights'
+    magnitudes there, plus float32 rounding of the sums."""
+    step = x.abs().unflatten(1, (-1, 32)).amax(-1) / LEVELS[bits]  # [M, K / 32]
+    magnitude = w.abs().unflatten(1, (-1, 32)).sum(-1)  # [N, K / 32]
+    rounding = 1e-5 * (x.abs().double() @ w.abs().double().T)
+    return (step.double() / 2) @ magnitude.double().T + rounding
+
+
+def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
+    w = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32)).reshape(raw.shape[0], -1)
+    reference = x.double() @ w.double().T
+    for bits in (8, 16):
+        bound = error_bound(x, w, bits)
+        for isa in kernels.dot_isas():
+            y = kernels.ggml_linear_dot(x, torch.from_numpy(raw), int(qtype), bits, isa)
+            assert y.shape == (x.shape[0], raw.shape[0]) and y.dtype == torch.float32
+            err = (y.double() - reference).abs()
+            assert (err <= bound).all(), f"{qtype.name} bits {bits} isa {isa}: {(err - bound).max().item()} over"
+
+
+def widths(qtype: Q) -> tuple[int, ...]:
+    """Row widths: one block, an odd and an even count (the 32-weight types run two blocks at a time)."""
+    block = GGML_QUANT_SIZES[qtype][0]
+    return (block, 3 * block, 8 * block) if block == 32 else (block, 3 * block)
+
+
+@pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
+def test_random_blocks_give_the_dequantized_weights_product(qtype):
+    for seed, cols in enumerate(widths(qtype)):
+        raw = random_blocks(qtype, 21, cols, seed)
+        for rows in (1, 3, 8, 13):  # one row run, a partial one, a whole one, two
+            check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
+
+
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0), ids=lambda q: q.name)
+def test_weights_gguf_quantized_give_the_dequantized_weights_product(qtype):
+    """The types gguf-py quantizes (the others' blocks are random above), a real weight's blocks."""
+    cols = 512
+    weights = (np.random.default_rng(1).standard_normal((33, cols)) * 0.05).astype(np.float32)
+    raw = quants.quantize(weights, qtype)
+    check(qtype, raw, torch.randn(5, cols) * 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(qtype=st.sampled_from(GGML_TYPES), rows=st.integers(1, 40), n=st.integers(1, 37), blocks=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_any_shape(qtype, rows, n, blocks, seed):
+    cols = blocks * GGML_QUANT_SIZES[qtype][0]
+    check(qtype, random_blocks(qtype, n, cols, seed), torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
+
+
+def test_an_empty_batch_and_bad_blocks():
+    raw = torch.from_numpy(random_blocks(Q.Q4_K, 4, 256, 0))
+    assert kernels.ggml_linear_dot(torch.empty(0, 256), raw, int(Q.Q4_K)).shape == (0, 4)
+    with pytest.raises(RuntimeError, match="do not hold rows"):
+        kernels.ggml_linear_dot(torch.randn(1, 512), raw, int(Q.Q4_K))  # 512 inputs, one super-block a row
+    with pytest.raises(RuntimeError, match="has no kernel"):
+        kernels.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q2_K))
+    with pytest.raises(RuntimeError, match="bits"):
+        kernels.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q4_K), bits=4)
