@@ -400,6 +400,14 @@ class GGMLLinear(QuantizedLinear):
     def quantize(self, w: torch.Tensor) -> QuantizedWeight:
         raise ValueError("GGUF block weights come from GGUF files; float weights quantize to int8 or int4")
 
+    def load_shard(self, shard: int | None, tensor: torch.Tensor | QuantizedWeight) -> None:
+        # A shard that waits for the others is copied now: it may be a view of the file's mapping, whose pages
+        # the loader lets go as soon as the next tensor is read (and would fault back in, to stay, at pack).
+        # Its own mapping (huge_pages.zeros) goes back to the system when freed, where the heap would keep it.
+        if isinstance(tensor, GGMLWeight) and len(self.shard_sizes) > 1:
+            tensor = GGMLWeight(tensor.ggml_type, huge_pages.zeros(tensor.blocks.shape, torch.uint8).copy_(tensor.blocks))
+        super().load_shard(shard, tensor)
+
     def pack(self, shards: list[GGMLWeight]) -> None:
         total = sum(s.blocks.numel() for s in shards)
         self.blocks = huge_pages.zeros((total,), torch.uint8) if self.blocks.device.type == "cpu" else \

@@ -29,7 +29,7 @@ enum {
 };
 
 #define QK_K 256
-#define GGML_PREFETCH_BYTES 4096
+#define GGML_PREFETCH_BYTES 16384
 
 static inline int ggml_supported(int64_t t) {
     return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
@@ -178,17 +178,18 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
     }
 }
 
-/* One weight row against MR activation rows (row m's planes at qx + m * K and + lo; dx, xsum [MR, K / 32]):
- * out[m] = the row's dot with activation row m. codes, s16, m32: a block's scratch. */
+/* One weight row's weights [k0, k1) against MR activation rows (row m's planes at qx + m * K and + lo; dx, xsum
+ * [MR, K / 32]): out[m] = that part of the row's dot with activation row m. codes: a block's scratch. */
 static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const uint8_t *row, const int8_t *qx,
-                                                                const float *dx, const float *xsum, int64_t K, int64_t lo,
-                                                                float *out, const int MR, const int PL, int8_t *codes) {
+                                                                const float *dx, const float *xsum, int64_t K, int64_t k0,
+                                                                int64_t k1, int64_t lo, float *out, const int MR, const int PL,
+                                                                int8_t *codes) {
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t), B = K / BLOCK;
     float s16[16], m32[8];
     __m256 acc[8];
     float mins[8] = {0};
     for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
-    for (int64_t blk = 0; blk < K / W; blk++) {
+    for (int64_t blk = k0 / W; blk < k1 / W; blk++) {
         const uint8_t *b = row + blk * S;
         STREAM_PREFETCH(b + GGML_PREFETCH_BYTES);
         ggml_unpack(t, b, codes, s16, m32);
@@ -265,7 +266,7 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 
 #define VNNI_ROW_ARGS                                                                                              \
     const uint8_t *row, const int8_t *qx, const float *dx, const float *xsum, const int32_t *s4, int64_t K,         \
-        int64_t lo, float *out, const int MR, const int PL
+        int64_t k0, int64_t k1, int64_t lo, float *out, const int MR, const int PL
 #define VNNI_ROW(NAME) VNNI static inline __attribute__((always_inline)) void NAME(VNNI_ROW_ARGS)
 
 /* 16 bytes (q0) and 16 more (q1), each two blocks' halves of nibbles (byte j: weight j low, j + 16 high)
@@ -288,8 +289,8 @@ VNNI static inline __m512i iq4_table(void) {
 #define DEFINE_VNNI_ROW32(NAME, STRIDE, CODES2, CODES1, ZS, MIN)                                                     \
     VNNI_ROW(NAME) {                                                                                               \
         VNNI_ROW_BEGIN                                                                                             \
-        int64_t c = 0;                                                                                             \
-        for (; c + 1 < B; c += 2) {                                                                                \
+        int64_t c = k0 / BLOCK;                                                                                    \
+        for (; c + 1 < k1 / BLOCK; c += 2) {                                                                       \
             const uint8_t *b = row + c * (STRIDE);                                                                 \
             STREAM_PREFETCH(b + GGML_PREFETCH_BYTES);                                                              \
             const __m512i w = CODES2(b);                                                                           \
@@ -299,7 +300,7 @@ VNNI static inline __m512i iq4_table(void) {
                 for (int m = 0; m < MR; m++)                                                                       \
                     tail[m] += f16_at(b + (MIN)) * xsum[m * B + c] + f16_at(b + (STRIDE) + (MIN)) * xsum[m * B + c + 1]; \
         }                                                                                                          \
-        if (c < B) {                                                                                               \
+        if (c < k1 / BLOCK) {                                                                                      \
             const uint8_t *b = row + c * (STRIDE);                                                                 \
             const __m256i w = CODES1(b);                                                                           \
             const float ws = f16_at(b);                                                                            \
@@ -340,7 +341,7 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
 
 /* Prefetch a super-block's bytes, GGML_PREFETCH_BYTES ahead. */
 #define PREFETCH_SUPER(b, S)                                                                                       \
-    for (int l_ = 0; l_ < (S); l_ += 64) STREAM_PREFETCH((b) + GGML_PREFETCH_BYTES + l_)
+    for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + GGML_PREFETCH_BYTES + l_, _MM_HINT_T0)
 
 /* Q4_K / Q5_K: four pairs of sub-blocks a super-block (32 bytes of nibbles each: low ones sub-block 2j, high
  * ones 2j + 1; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 high-bit bytes), mins against xsum. */
@@ -351,7 +352,7 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
         __m256 macc[8];                                                                                            \
         for (int m = 0; m < MR; m++) macc[m] = _mm256_setzero_ps();                                                \
         const __m256i low = _mm256_set1_epi8(0x0F);                                                                \
-        for (int64_t sb = 0; sb < K / QK_K; sb++) {                                                                \
+        for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {                                                       \
             const uint8_t *b = row + sb * (S);                                                                     \
             PREFETCH_SUPER(b, S);                                                                                  \
             const __m128i packed = k_scale_bytes(b + 4);                                                           \
@@ -389,7 +390,7 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
     VNNI_ROW_BEGIN
     const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    for (int64_t sb = 0; sb < K / QK_K; sb++) {
+    for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 210;
         PREFETCH_SUPER(b, 210);
         const __m512 s16 = _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)),
@@ -419,7 +420,7 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
     (void)xsum;
     VNNI_ROW_BEGIN
     const __m512i table = iq4_table();
-    for (int64_t sb = 0; sb < K / QK_K; sb++) {
+    for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 136;
         PREFETCH_SUPER(b, 136);
         uint32_t low;
@@ -453,10 +454,12 @@ typedef struct {
 } GGMLActs;
 
 #define GGML_TILE_ROWS 16
+#define GGML_CHUNK 1024 /* weights of each row a tile takes at a time (a multiple of every block's) */
 
 /* Weight rows [n0, n1) (row n at blocks + n * its bytes) against M activation rows, into y[m * ld + n - n0]:
- * tiles of GGML_TILE_ROWS rows stay in cache while every eight activation rows pass over them, so a
- * prefill chunk streams the weight from memory once, as a decode step does. */
+ * tiles of GGML_TILE_ROWS rows, walked GGML_CHUNK weights of each row at a time — sixteen streams from memory
+ * at once (one alone waits on its loads: 4 GB/s where sixteen reach the bandwidth) — while every eight
+ * activation rows pass over each chunk in cache (a prefill chunk streams the weight once, as a decode step). */
 #define GGML_TILED(ROW)                                                                                 \
     for (int64_t t0 = n0; t0 < n1; t0 += GGML_TILE_ROWS)                                                \
         for (int64_t m0 = 0; m0 < M; m0 += 8) {                                                         \
@@ -465,17 +468,23 @@ typedef struct {
             const float *d = a->dx + m0 * (K / BLOCK), *xs = a->xsum + m0 * (K / BLOCK);                \
             const int32_t *s4m = a->s4 + m0 * (K / 4);                                                  \
             (void)s4m;                                                                                  \
-            for (int64_t n = t0; n < t1; n++) {                                                         \
-                const uint8_t *w = blocks + n * row_bytes;                                              \
-                float out[8];                                                                           \
-                FOR_ROWS(mr, ROW);                                                                      \
-                for (int64_t m = 0; m < mr; m++) y[(m0 + m) * ld + n - n0] = out[m];                    \
+            float sums[GGML_TILE_ROWS][8] = {{0}};                                                      \
+            for (int64_t k0 = 0; k0 < K; k0 += GGML_CHUNK) {                                            \
+                const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K;                           \
+                for (int64_t n = t0; n < t1; n++) {                                                     \
+                    const uint8_t *w = blocks + n * row_bytes;                                          \
+                    float out[8];                                                                       \
+                    FOR_ROWS(mr, ROW);                                                                  \
+                    for (int64_t m = 0; m < mr; m++) sums[n - t0][m] += out[m];                         \
+                }                                                                                       \
             }                                                                                           \
+            for (int64_t n = t0; n < t1; n++)                                                           \
+                for (int64_t m = 0; m < mr; m++) y[(m0 + m) * ld + n - n0] = sums[n - t0][m];           \
         }
-#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, lo, out, MR, PL, codes)
+#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, k0, k1, lo, out, MR, PL, codes)
 #define GGML_VNNI_CASE(TYPE, FN) \
     case TYPE: WITH_PLANES(a->planes, GGML_TILED(GGML_VNNI_CALL_##FN)); break;
-#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, lo, out, MR, PL)
+#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, out, MR, PL)
 #define GGML_VNNI_CALL_q4_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_0, MR)
 #define GGML_VNNI_CALL_q8_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q8_0, MR)
 #define GGML_VNNI_CALL_q4_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_1, MR)
