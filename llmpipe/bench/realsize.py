@@ -306,6 +306,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> Path:
     for i, key in enumerate(METRICS):
         ax.bar([j + i * width for j in range(len(rows))], [r["ratios"].get(key, 0) for r in rows], width, label=key)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")  # 2x and 0.5x the same distance from parity
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{r['model']}\n{r['type']}" for r in rows])
     ax.set_ylabel("llmpipe / llama.cpp")
     ax.legend(fontsize="small")
