@@ -117,8 +117,8 @@ RANDOM_SCALES = {Q.Q4_K: 0.002, Q.Q5_K: 0.001, Q.Q6_K: 0.0001, Q.IQ4_XS: 6e-5, Q
 @pytest.mark.parametrize("activations", ["int16", "int8"])
 def test_the_fused_decode_step_gives_the_layers_tokens_and_logprobs(tmp_path, activations):
     """GGML layers of every type, mixed in stacked layers, through the one-call decode step and layer by layer:
-    the same tokens and logprobs for a batch of prompts and for one (its rounding apart: the fused step's activation and norms are within float32 ulps
-    of PyTorch's); and the greedy tokens of the float model."""
+    the same tokens and logprobs for a batch of prompts and for one (up to rounding: the fused step's activation
+    and norms are within float32 ulps of PyTorch's); and the greedy tokens of the float model."""
     metadata, tensors = wide_llama()
     floats = dict(tensors)
     for seed, (name, qtype) in enumerate(MIXED_QTYPES.items()):

@@ -211,18 +211,8 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
 
 /* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
 
-/* acc[m] += the pair of blocks (c, c + 1)'s dot: w their 64 unsigned codes, ws their sixteen lanes'
- * weight scales; ZS the zero point's shift (-1: none). */
-#define VNNI_PAIR(w, ws, c, ZS)                                                                                    \
-    for (int m = 0; m < MR; m++) {                                                                                 \
-        const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
-        __m512i d_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(p_));                      \
-        if (PL == 2) d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(d_, 7), w, _mm512_loadu_si512(p_ + lo));            \
-        if ((ZS) >= 0) d_ = _mm512_sub_epi32(d_, _mm512_slli_epi32(_mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8), (ZS) < 0 ? 0 : (ZS))); \
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), _mm512_mul_ps(ws, pair_lanes(dx + m * B + (c))), acc[m]); \
-    }
-
-/* As VNNI_PAIR with each row's sixteen lane multipliers (weight scale x dx) given: KM, an expression of m. */
+/* acc[m] += the pair of blocks (c, c + 1)'s dot: w their 64 unsigned codes, KM (an expression of m) its sixteen
+ * lanes' multipliers for activation row m (weight scale x dx); ZS the zero point's shift (-1: none). */
 #define VNNI_PAIR_SCALED(w, KM, c, ZS)                                                                             \
     for (int m = 0; m < MR; m++) {                                                                                 \
         const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
@@ -231,6 +221,9 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
         if ((ZS) >= 0) d_ = _mm512_sub_epi32(d_, _mm512_slli_epi32(_mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8), (ZS) < 0 ? 0 : (ZS))); \
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), KM, acc[m]);                                              \
     }
+
+/* As VNNI_PAIR_SCALED, with ws the lanes' weight scales (each row's dx applied here). */
+#define VNNI_PAIR(w, ws, c, ZS) VNNI_PAIR_SCALED(w, _mm512_mul_ps(ws, pair_lanes(dx + m * B + (c))), c, ZS)
 
 /* Lanes 0-7 sub-block 2j's, 8-15 sub-block 2j + 1's of eight per-sub-block values (a pair of blocks of 32). */
 VNNI static inline __m512 pair_of_eight(__m512 eight, int j) {
