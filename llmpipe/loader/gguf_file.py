@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import mmap
+import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader, ReaderTensor
+from gguf import GGUFReader, GGUFValueType, ReaderTensor
 
 from llmpipe.errors import ModelLoadError
 
@@ -29,6 +30,30 @@ class _FastGGUFReader(GGUFReader):
     def data(self, value: np.ndarray) -> None:
         self._mapped = value.view(np.ndarray)
         self.mapping: mmap.mmap | None = getattr(value, "_mmap", None)  # np.memmap's; None for an empty file
+
+    def _get_field_parts(self, orig_offs: int, raw_type: int) -> tuple[int, list, list[int], list[GGUFValueType]]:
+        """Arrays in bulk: a scalar array is one view, a string array one memoryview slice per string (what
+        `contents()` decodes); the base class makes numpy views per item (Llama 3's 128k tokens and 280k
+        merges: 3.5 s of a 5 s load, now ~0.2 s). Other fields are the base class's."""
+        if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        item_type = self._get(orig_offs, np.uint32)
+        count = self._get(orig_offs + 4, np.uint64)
+        offs, n = orig_offs + 12, int(count[0])
+        gtype = GGUFValueType(int(item_type[0]))
+        scalar = self.gguf_scalar_to_np.get(gtype)
+        if scalar is not None:
+            values = self._get(offs, scalar, n)
+            return offs + int(values.nbytes) - orig_offs, [item_type, count, values], [2], [GGUFValueType.ARRAY, gtype]
+        if gtype != GGUFValueType.STRING:
+            return super()._get_field_parts(orig_offs, raw_type)
+        buffer = memoryview(self._mapped)
+        strings = []
+        for _ in range(n):
+            (length,) = struct.unpack_from("<Q", buffer, offs)
+            strings.append(buffer[offs + 8 : offs + 8 + length])
+            offs += 8 + length
+        return offs - orig_offs, [item_type, count, *strings], list(range(2, n + 2)), [GGUFValueType.ARRAY, gtype]
 
     def release_pages(self, tensor: ReaderTensor) -> None:
         """Unmap the pages of a tensor's data once it has been copied out (MADV_DONTNEED): they leave
@@ -57,7 +82,7 @@ def open_gguf(path: Path) -> GGUFReader:
 
 def drop_vocabulary(reader: GGUFReader) -> None:
     """Forget the parsed `tokenizer.ggml.*` arrays once the tokenizer is built: the reader holds a few
-    numpy views per token and merge (Llama 3's 128k tokens and merges: ~150 MiB) that nothing reads again."""
+    slices per token and merge (Llama 3's 128k tokens and merges) that nothing reads again."""
     for key in [key for key in reader.fields if key.startswith("tokenizer.ggml.") and len(reader.fields[key].data) > 1]:
         del reader.fields[key]
 
