@@ -115,6 +115,12 @@ class GGMLWeight:
         weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(self.ggml_type)]
         return torch.Size((self.blocks.shape[0], self.blocks.shape[1] // nbytes * weights))
 
+    @staticmethod
+    def row_bytes(ggml_type: int, in_features: int) -> int:
+        """Bytes of a row of `in_features` weights of `ggml_type`."""
+        weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+        return in_features // weights * nbytes
+
     @property
     def group_size(self) -> None:
         return None

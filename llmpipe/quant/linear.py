@@ -396,6 +396,7 @@ class GGMLLinear(QuantizedLinear):
         self.register_buffer("blocks", torch.empty(0, dtype=torch.uint8))
         self.segments: list[tuple[int, int, int]] = []  # (ggml type, rows, first byte in blocks) in row order
         self.segment_table = torch.empty(0, dtype=torch.int64)  # segments as int64 [n, 3] (the decode step's)
+        self._views: tuple[int, list[tuple[int, torch.Tensor]]] = (0, [])  # (blocks' address, segment_blocks())
 
     def quantize(self, w: torch.Tensor) -> QuantizedWeight:
         raise ValueError("GGUF block weights come from GGUF files; float weights quantize to int8 or int4")
@@ -423,11 +424,15 @@ class GGMLLinear(QuantizedLinear):
             start += s.blocks.numel()
         self.segment_table = torch.tensor(self.segments, dtype=torch.int64)
 
-    def segment_blocks(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """(ggml type, uint8 [rows, bytes per row]) per segment, views of `blocks`."""
-        for ggml_type, rows, first in self.segments:
-            nbytes = rows * _row_bytes(ggml_type, self.in_features)
-            yield ggml_type, self.blocks[first : first + nbytes].view(rows, -1)
+    def segment_blocks(self) -> list[tuple[int, torch.Tensor]]:
+        """(ggml type, uint8 [rows, bytes per row]) per segment, views of `blocks`: made once per buffer, not
+        once a token (forward runs this every decode step)."""
+        address = self.blocks.data_ptr()
+        if self._views[0] != address or len(self._views[1]) != len(self.segments):
+            views = [(t, self.blocks[first : first + rows * GGMLWeight.row_bytes(t, self.in_features)].view(rows, -1))
+                     for t, rows, first in self.segments]
+            self._views = (address, views)
+        return self._views[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits is None or x.device.type != "cpu" or not kernels.available():
@@ -471,10 +476,3 @@ class GGMLLinear(QuantizedLinear):
         out = torch.empty(len(rows), self.in_features)
         out[torch.cat(places)] = torch.cat(pieces)
         return out
-
-
-def _row_bytes(ggml_type: int, in_features: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    weights, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-    return in_features // weights * nbytes
