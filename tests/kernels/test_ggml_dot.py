@@ -54,9 +54,10 @@ def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
 
 
 def widths(qtype: Q) -> tuple[int, ...]:
-    """Row widths: one block, an odd and an even count (the 32-weight types run two blocks at a time)."""
+    """Row widths: one block, an odd and an even count (the 32-weight types run sixteen, then two blocks at a
+    time), and past the kernels' 1,024-weight chunks."""
     block = GGML_QUANT_SIZES[qtype][0]
-    return (block, 3 * block, 8 * block) if block == 32 else (block, 3 * block)
+    return (block, 3 * block, 8 * block, 19 * block, 51 * block) if block == 32 else (block, 3 * block, 5 * block)
 
 
 @pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
