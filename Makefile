@@ -60,7 +60,7 @@ bench: $(TESTENV)
 bench-peers: $(TESTENV)
 	$(VENV)/bin/llmpipe bench peers
 	$(VENV)/bin/llmpipe bench latency --model smollm2-135m-instruct --peer llama.cpp --output-lens 128 --rounds 3 \
-	  --variants gguf "gguf int16-act" "gguf int8-act" --batch-size 0 --no-baseline --output bench_results/peers.json
+	  --variants gguf "gguf int8-act" --batch-size 0 --no-baseline --output bench_results/peers.json
 
 # Random-weight GGUFs at the shapes of Llama-3.2-1B/3B, Llama-3.1-8B and Qwen2.5-7B (Q4_K_M, Q8_0, Q5_K_M, IQ4_XS),
 # made once with llama.cpp's own converter and llama-quantize into ~/.cache/llmpipe/realsize (hours and ~60 GB the

@@ -20,8 +20,9 @@ def add_bench_parser(sub) -> None:
         "--variants",
         nargs="+",
         default=["float32", "bfloat16", "int8", "int4", "gguf", "float32 no-kv-cache"],
-        help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (Q4/Q8 kept as stored), "
-             "'gguf int8-act' / 'gguf int16-act' (the same with 8- / 16-bit activations: integer dot products), "
+        help="any of: float32, bfloat16, int8, int4 (round-to-nearest at load), gguf (the GGUF's types kept as stored, "
+             "default numerics), 'gguf int8-act' / 'gguf int16-act' (8- / 16-bit activation blocks: integer dot products), "
+             "'gguf float-act' (float activations, the exact reference: block weights dequantized every step), "
              "kv-int8, kv-int4, 'gguf kv-int8', 'float32 no-kv-cache'",
     )
     latency.add_argument("--quantization", choices=["int8", "int4"], default=None, help="add a variant with these weights")

@@ -134,7 +134,10 @@ VARIANTS = {
     "bfloat16": Variant("bfloat16", dtype="bfloat16"),
     "int8": Variant("int8", quantization="int8"),
     "int4": Variant("int4", quantization="int4"),
-    "gguf": Variant("gguf", dtype="auto", quantization="auto"),  # the GGUF's native formats kept as stored
+    # The GGUF's types kept as stored, with the default numerics (activation_quantization "auto").
+    "gguf": Variant("gguf", dtype="auto", quantization="auto", activation_quantization="auto"),
+    # Float activations, the exact reference: a GGUF block weight is dequantized at every step.
+    "gguf float-act": Variant("gguf float-act", dtype="auto", quantization="auto"),
     "gguf int8-act": Variant("gguf int8-act", dtype="auto", quantization="auto", activation_quantization="int8"),
     "gguf int16-act": Variant("gguf int16-act", dtype="auto", quantization="auto", activation_quantization="int16"),
     "kv-int8": Variant("kv-int8", kv_cache_dtype="int8"),
