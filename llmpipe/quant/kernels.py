@@ -63,9 +63,10 @@ def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _library().q5_0_unpack(blocks)
 
 
-def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bits: int = 16, isa: int = 1) -> torch.Tensor:
-    """x [M, K] @ a weight held as a GGUF file's own blocks of `ggml_type` [N, bytes per row] (Q4_0, Q8_0,
-    Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), with x quantized to `bits` blocks (csrc/ggml_rows.h)."""
+def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bits: int = 16, isa: int = 2) -> torch.Tensor:
+    """x [M, K] @ a weight held as a GGUF file's own blocks of `ggml_type` [N, bytes per row] (the types of
+    loader/gguf_weights.GGML_TYPES), with x quantized to `bits` blocks (csrc/ggml_rows.h). `isa`: 0 the AVX2
+    rows, 1 the AVX512-VNNI rows, 2 AMX tiles for batches (csrc/ggml_amx.h), each where the CPU has it."""
     return _library().ggml_linear_dot(x, blocks, ggml_type, bits, isa)
 
 
@@ -76,6 +77,11 @@ def dot_available() -> bool:
 def dot_isas() -> list[int]:
     """The integer-dot code paths this CPU runs: 0 (AVX2) and, with AVX512-VNNI, 1."""
     return [0, 1] if dot_available() and _library().has_vnni() else [0]
+
+
+def ggml_isas() -> list[int]:
+    """ggml_linear_dot's code paths this CPU runs: dot_isas() and, with AMX-INT8, 2."""
+    return dot_isas() + ([2] if dot_available() and _library().has_amx() else [])
 
 
 def int4_linear_dot(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, group: int,

@@ -46,7 +46,7 @@ def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
     reference = x.double() @ w.double().T
     for bits in (8, 16):
         bound = error_bound(x, w, bits)
-        for isa in kernels.dot_isas():
+        for isa in kernels.ggml_isas():
             y = kernels.ggml_linear_dot(x, torch.from_numpy(raw), int(qtype), bits, isa)
             assert y.shape == (x.shape[0], raw.shape[0]) and y.dtype == torch.float32
             err = (y.double() - reference).abs()
@@ -64,7 +64,7 @@ def widths(qtype: Q) -> tuple[int, ...]:
 def test_random_blocks_give_the_dequantized_weights_product(qtype):
     for seed, cols in enumerate(widths(qtype)):
         raw = random_blocks(qtype, 21, cols, seed)
-        for rows in (1, 3, 8, 13):  # one row run, a partial one, a whole one, two
+        for rows in (1, 3, 8, 13, 16, 37):  # one row run, a partial one, a whole one, two; AMX tiles: one, three
             check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
 
 

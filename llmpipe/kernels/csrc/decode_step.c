@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "attention_rows.h"
+#include "ggml_amx.h"
 #include "ggml_rows.h"
 #include "float_rows.h"
 #include "lowbit_float_rows.h"
@@ -86,6 +87,8 @@ typedef struct {
     float *scales;
     int32_t *bias; /* Q5_0 on VNNI at batch 1: q5_0_bias's sums */
     int32_t *s4;   /* GGML: activation_sums4's */
+    int8_t *amx_b; /* GGML on AMX (a batch of AMX_MIN_ROWS or more): the activations as the tiles read them */
+    float *amx_dx, *amx_xs;
 } Scratch;
 
 static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
@@ -98,6 +101,10 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     s.tmp = malloc(sizeof(float) * K);
     s.qx = malloc(activation_bytes(B, K, 2));
     s.qp = malloc(activation_bytes(B, K, 2));
+    const int amx = B >= AMX_MIN_ROWS && use_amx();
+    s.amx_b = amx ? aligned_alloc(64, amx_act_bytes(B, K, 2)) : NULL;
+    s.amx_dx = amx ? malloc(sizeof(float) * amx_act_floats(B, K)) : NULL;
+    s.amx_xs = amx ? malloc(sizeof(float) * amx_act_floats(B, K)) : NULL;
     s.cg = malloc(sizeof(int32_t) * (K / BLOCK));
     s.codes = malloc(2 * K);
     s.scales = malloc(sizeof(float) * 2 * (K / BLOCK));
@@ -106,7 +113,7 @@ static Scratch scratch_new(int64_t B, int64_t K, int64_t slice) {
     return s;
 }
 
-static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales), free(s->bias), free(s->s4); }
+static void scratch_free(Scratch *s) { free(s->xn), free(s->y), free(s->y2), free(s->xsum), free(s->dx), free(s->tmp), free(s->qx), free(s->qp), free(s->cg), free(s->codes), free(s->scales), free(s->bias), free(s->s4), free(s->amx_b), free(s->amx_dx), free(s->amx_xs); }
 
 /* This thread's output rows [n0, n1) of N: whole fours (so batch 1 runs the per-op kernels' pair and
  * four-row functions on the same rows, for the same bits); for batches, whole panels. */
@@ -297,17 +304,23 @@ static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
 /* A GGML weight's rows [n0, n1) against the whole batch (the row functions tile it: each weight byte read
  * once), segment by segment, into s->y. */
 static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
-    const int planes = w->bits == 16 ? 2 : 1;
+    const int planes = w->bits == 16 ? 2 : 1, amx = s->amx_b != NULL;
     quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum);
-    activation_sums4(s->qx, B, w->K, planes, s->s4);
+    if (amx)
+        amx_pack(s->qx, s->dx, s->xsum, B, w->K, planes, 0, amx_tiles(B), s->amx_b, s->amx_dx, s->amx_xs);
+    else
+        activation_sums4(s->qx, B, w->K, planes, s->s4);
     const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes};
+    const AmxActs tiles = {s->amx_b, s->amx_dx, s->amx_xs, B, amx_tiles(B), w->K, planes};
     int64_t row0 = 0;
     for (int64_t i = 0; i < w->group; i++) {
         const int64_t type = w->segments[3 * i], rows = w->segments[3 * i + 1];
         const int64_t lo = n0 > row0 ? n0 : row0, hi = n1 < row0 + rows ? n1 : row0 + rows;
-        if (lo < hi)
-            ggml_slice(use_vnni(), type, (const uint8_t *)w->weight + w->segments[3 * i + 2], lo - row0, hi - row0, &a, B,
-                       s->y + (lo - n0), n1 - n0);
+        const uint8_t *blocks = (const uint8_t *)w->weight + w->segments[3 * i + 2];
+        if (lo < hi && amx)
+            ggml_amx_slice(type, blocks, lo - row0, hi - row0, &tiles, s->y + (lo - n0), n1 - n0);
+        else if (lo < hi)
+            ggml_slice(use_vnni(), type, blocks, lo - row0, hi - row0, &a, B, s->y + (lo - n0), n1 - n0);
         row0 += rows;
     }
 }

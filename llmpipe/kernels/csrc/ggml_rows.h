@@ -360,6 +360,30 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
 #define PREFETCH_SUPER(b, S)                                                                                       \
     for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + GGML_PREFETCH_BYTES + l_, _MM_HINT_T0)
 
+/* Q4_K / Q5_K super-block b's sub-blocks 2j and 2j + 1 as 64 unsigned codes (nibbles at b + qs, low ones
+ * sub-block 2j; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 bytes at b + 16). */
+VNNI static inline __m512i k_quant_codes(const uint8_t *b, int qs, int fifth, int j) {
+    const __m256i low = _mm256_set1_epi8(0x0F), q = _mm256_loadu_si256((const __m256i *)(b + qs + 32 * j));
+    __m256i lo4 = _mm256_and_si256(q, low), hi4 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+    if (fifth) {
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16)), sixteen = _mm256_set1_epi8(16);
+        lo4 = _mm256_mask_add_epi8(lo4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * j)))), lo4, sixteen);
+        hi4 = _mm256_mask_add_epi8(hi4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * j)))), hi4, sixteen);
+    }
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo4), hi4, 1);
+}
+
+/* Q6_K super-block b's half h: blocks 4h .. 4h + 3 of 32 as two vectors of 64 unsigned codes (0..63). */
+VNNI static inline void q6_k_codes(const uint8_t *b, int h, __m512i *w0, __m512i *w1) {
+    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    const __m512i ab = _mm512_loadu_si512(b + 64 * h);
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
+    *w0 = _mm512_or_si512(_mm512_and_si512(ab, low), _mm512_slli_epi16(_mm512_and_si512(hh, two), 4));
+    *w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ab, 4), low),
+                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), two), 4));
+}
+
 /* Q4_K / Q5_K: four pairs of sub-blocks a super-block (32 bytes of nibbles each: low ones sub-block 2j, high
  * ones 2j + 1; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 high-bit bytes), mins against xsum. */
 #define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
@@ -368,7 +392,6 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
         VNNI_ROW_BEGIN                                                                                             \
         __m256 macc[8];                                                                                            \
         for (int m = 0; m < MR; m++) macc[m] = _mm256_setzero_ps();                                                \
-        const __m256i low = _mm256_set1_epi8(0x0F);                                                                \
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {                                                       \
             const uint8_t *b = row + sb * (S);                                                                     \
             PREFETCH_SUPER(b, S);                                                                                  \
@@ -378,17 +401,8 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))); \
             __m512 k[8];                                                                                           \
             for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8))); \
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));                                      \
-            (void)qh;                                                                                              \
             for (int j = 0; j < 4; j++) {                                                                          \
-                const __m256i q = _mm256_loadu_si256((const __m256i *)(b + (QS) + 32 * j));                        \
-                __m256i lo4 = _mm256_and_si256(q, low), hi4 = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);      \
-                if (FIFTH) {                                                                                       \
-                    const __m256i sixteen = _mm256_set1_epi8(16);                                                  \
-                    lo4 = _mm256_mask_add_epi8(lo4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(1 << (2 * j)))), lo4, sixteen); \
-                    hi4 = _mm256_mask_add_epi8(hi4, _mm256_test_epi8_mask(qh, _mm256_set1_epi8((char)(2 << (2 * j)))), hi4, sixteen); \
-                }                                                                                                  \
-                const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo4), hi4, 1);                         \
+                const __m512i w = k_quant_codes(b, QS, FIFTH, j);                                                  \
                 VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, -1)                                    \
             }                                                                                                      \
             for (int m = 0; m < MR; m++) macc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * B + sb * 8), macc[m]); \
@@ -405,7 +419,6 @@ DEFINE_VNNI_ROW_K(ggml_row_vnni_q5_k, 176, 48, 1)
 VNNI_ROW(ggml_row_vnni_q6_k) {
     (void)xsum;
     VNNI_ROW_BEGIN
-    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 210;
@@ -417,12 +430,8 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
             k[m] = _mm512_mul_ps(s16, _mm512_permutexvar_ps(_mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 1),
                                                             _mm512_castps256_ps512(_mm256_loadu_ps(dx + m * B + sb * 8))));
         for (int h = 0; h < 2; h++) {
-            const __m512i ab = _mm512_loadu_si512(b + 64 * h);
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
-            const __m512i w0 = _mm512_or_si512(_mm512_and_si512(ab, low), _mm512_slli_epi16(_mm512_and_si512(hh, two), 4));
-            const __m512i w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ab, 4), low),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), two), 4));
+            __m512i w0, w1;
+            q6_k_codes(b, h, &w0, &w1);
             const int64_t c = sb * 8 + 4 * h;
             const __m512i at0 = _mm512_add_epi32(spread, _mm512_set1_epi32(8 * h)), at1 = _mm512_add_epi32(at0, _mm512_set1_epi32(4));
             VNNI_PAIR_SCALED(w0, _mm512_permutexvar_ps(at0, k[m]), c, 5)

@@ -32,6 +32,7 @@ void q5_0_linear(const float *x, const uint8_t *blocks, float *y, int64_t M, int
 void q5_0_unpack(const uint8_t *blocks, int8_t *codes, float *scale, int64_t N, int64_t K);
 // lowbit_dot.c
 int has_vnni(void);
+int ggml_has_amx(void);
 // ggml_dot.c
 int ggml_type_supported(int64_t type);
 int64_t ggml_row_bytes_of(int64_t type, int64_t K);
@@ -246,6 +247,7 @@ at::Tensor q5_0_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_
 }
 
 int64_t has_vnni() { return kernels::has_vnni(); }
+int64_t has_amx() { return kernels::ggml_has_amx(); }
 
 // x [M, K] float32 (any M) @ a weight held as ggml blocks of `type` [N, bytes per row] uint8 (ggml_rows.h).
 at::Tensor ggml_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_t type, int64_t bits, int64_t isa) {
@@ -482,8 +484,9 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("q5_0_unpack(Tensor blocks) -> (Tensor, Tensor)");
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
-    m.def("ggml_linear_dot(Tensor x, Tensor blocks, int type, int bits=16, int isa=1) -> Tensor");
+    m.def("ggml_linear_dot(Tensor x, Tensor blocks, int type, int bits=16, int isa=2) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
+    m.def("has_amx() -> int", &has_amx);
     m.def("greedy_argmax(Tensor logits) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
