@@ -59,8 +59,13 @@ def q5_0_linear_dot(x: torch.Tensor, blocks: torch.Tensor, bits: int = 8, isa: i
 
 
 @torch.library.register_fake("llmpipe::ggml_linear_dot")
-def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, type: int, bits: int = 16, isa: int = 1) -> torch.Tensor:
+def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, type: int, bits: int = 16, isa: int = 2) -> torch.Tensor:
     return _rows(x, blocks.shape[0])
+
+
+@torch.library.register_fake("llmpipe::ggml_segments_dot")
+def ggml_segments_dot(x: torch.Tensor, table: torch.Tensor, N: int, bits: int = 16, isa: int = 2) -> torch.Tensor:
+    return _rows(x, N)
 
 
 @torch.library.register_fake("llmpipe::q5_0_unpack")

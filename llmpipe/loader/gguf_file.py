@@ -55,6 +55,22 @@ class _FastGGUFReader(GGUFReader):
             offs += 8 + length
         return offs - orig_offs, [item_type, count, *strings], list(range(2, n + 2)), [GGUFValueType.ARRAY, gtype]
 
+    def populate_pages(self, tensor: ReaderTensor) -> None:
+        """Map a tensor's pages now, read from the file where the page cache does not have them
+        (MADV_POPULATE_READ; where the kernel lacks it, MADV_WILLNEED starts the reads), so a weight kept
+        as its view of the mapping faults nothing in the first step, as llama.cpp's prefetched mmap."""
+        if self.mapping is None:
+            return
+        start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
+        end = min(tensor.data_offset + tensor.n_bytes, len(self.mapping))
+        for advice in (getattr(mmap, "MADV_POPULATE_READ", 22), getattr(mmap, "MADV_WILLNEED", None)):
+            try:
+                if advice is not None and end > start:
+                    self.mapping.madvise(advice, start, end - start)
+                return
+            except OSError:  # EINVAL: a kernel before 5.14
+                continue
+
     def release_pages(self, tensor: ReaderTensor) -> None:
         """Unmap the pages of a tensor's data once it has been copied out (MADV_DONTNEED): they leave
         this process's RSS (the page cache may keep them). The map is private and never written, so a

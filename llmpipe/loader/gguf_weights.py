@@ -41,6 +41,7 @@ class GGUFWeights:
         self._shift_norms = arch.norms_store_one_plus_weight
         self._tensors: dict[str, ReaderTensor] = {}
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
+        self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         for tensor in reader.tensors:
             hf_name = arch.hf_name(tensor.name)
             if hf_name is None:
@@ -85,8 +86,17 @@ class GGUFWeights:
         return int(tensor.n_elements) + int(tensor.n_elements) // K_SUB_BLOCK * 4  # int8 codes, a float32 scale each 16
 
     def read_quantized(self, name: str) -> QuantizedWeight:
-        """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`)."""
-        return native_weight(*self.raw_blocks(name))
+        """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`). A GGML type's
+        blocks are the file's mapping itself, its pages read in now (`populate_pages`), unless rows had to be
+        unpermuted."""
+        qtype, rows = self.raw_blocks(name)
+        weight = native_weight(qtype, rows)
+        if isinstance(weight, GGMLWeight) and name not in self._heads:
+            self._in_place.add(name)
+            populate = getattr(self._reader, "populate_pages", None)
+            if populate is not None:
+                populate(self._tensors[name])
+        return weight
 
     def raw_blocks(self, name: str) -> tuple[GGMLQuantizationType, torch.Tensor]:
         """(type, data) without dequantizing: for block types, uint8 [rows, bytes per row]."""
@@ -94,9 +104,10 @@ class GGUFWeights:
         return tensor.tensor_type, self._unpermute(name, torch.from_numpy(tensor.data))
 
     def release_pages(self, name: str) -> None:
-        """Drop the file pages of a tensor already copied into the model from this process's RSS."""
+        """Drop the file pages of a tensor already copied into the model from this process's RSS (not of one
+        the model holds as a view of the mapping)."""
         release = getattr(self._reader, "release_pages", None)
-        if release is not None:
+        if release is not None and name not in self._in_place:
             release(self._tensors[name])
 
     def _unpermute(self, name: str, rows: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,13 @@ def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bits:
     return _library().ggml_linear_dot(x, blocks, ggml_type, bits, isa)
 
 
+def ggml_segments_dot(x: torch.Tensor, table: torch.Tensor, N: int, bits: int = 16, isa: int = 2) -> torch.Tensor:
+    """x [M, K] @ a weight whose rows are segments of GGUF blocks, `table` int64 [n, 3]: (ggml type, rows, address
+    of those rows' blocks) per segment, N rows in all (GGMLLinear.segment_table: its buffers must outlive the
+    call). x is quantized once for every segment; as ggml_linear_dot otherwise."""
+    return _library().ggml_segments_dot(x, table, N, bits, isa)
+
+
 def dot_available() -> bool:
     return _library() is not None  # one library holds both kinds of kernel
 

@@ -382,66 +382,60 @@ DEQUANTIZE_ROWS = 1024
 
 
 class GGMLLinear(QuantizedLinear):
-    """A GGUF file's own quantized blocks (formats.GGMLWeight), kept as the file holds them: the weight takes
-    the file's bytes, loading is a copy, and the kernels (`kernels.ggml_linear_dot`) stream the blocks with
-    integer dot products against activation blocks of `activation_bits` (any batch: one pass over the weight
-    per call). A stacked layer (q/k/v, gate/up) may mix types — a Q4_K_M file keeps some layers' v in Q6_K —
-    so the rows are segments, each of one type, in one buffer. Float activations (`activation_bits` None)
-    take the dequantized weight, gguf-py's values, a slice of rows at a time."""
+    """A GGUF file's own quantized blocks (formats.GGMLWeight), used where they lie: each shard (q, k and v of a
+    stacked layer, gate and up) is a segment of rows of one type, held as the tensor the loader gave — a view of
+    the file's mapping, so loading copies nothing and the weights are the page cache's pages (shards the loader
+    had to rewrite, such as q and k's rows unpermuted, are its copies). The kernels (`kernels.ggml_linear_dot`)
+    stream the blocks with integer dot products against activation blocks of `activation_bits` (any batch: one
+    pass over the weight per call); a stacked layer may mix types (a Q4_K_M file keeps some layers' v in Q6_K).
+    Float activations (`activation_bits` None) take the dequantized weight, gguf-py's values, a slice of rows
+    at a time."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int | None = None):
         if in_features % CHUNK:
             raise ValueError(f"GGUF block weights need whole blocks of {CHUNK} inputs, got {in_features}")
         super().__init__(in_features, out_features, bias, None)
-        self.register_buffer("blocks", torch.empty(0, dtype=torch.uint8))
-        self.segments: list[tuple[int, int, int]] = []  # (ggml type, rows, first byte in blocks) in row order
-        self.segment_table = torch.empty(0, dtype=torch.int64)  # segments as int64 [n, 3] (the decode step's)
-        self._views: tuple[int, list[tuple[int, torch.Tensor]]] = (0, [])  # (blocks' address, segment_blocks())
+        self.register_buffer("placement", torch.empty(0, dtype=torch.uint8), persistent=False)  # the segments' device
+        self.segment_types: list[int] = []  # ggml type of buffer segment{i}, in row order
+        self._table: tuple[tuple[int, ...], torch.Tensor] = ((), torch.empty(0, dtype=torch.int64))
 
     def quantize(self, w: torch.Tensor) -> QuantizedWeight:
         raise ValueError("GGUF block weights come from GGUF files; float weights quantize to int8 or int4")
 
-    def load_shard(self, shard: int | None, tensor: torch.Tensor | QuantizedWeight) -> None:
-        # A shard that waits for the others is copied now: it may be a view of the file's mapping, whose pages
-        # the loader lets go as soon as the next tensor is read (and would fault back in, to stay, at pack).
-        # Its own mapping (huge_pages.zeros) goes back to the system when freed, where the heap would keep it.
-        if isinstance(tensor, GGMLWeight) and len(self.shard_sizes) > 1:
-            tensor = GGMLWeight(tensor.ggml_type, huge_pages.zeros(tensor.blocks.shape, torch.uint8).copy_(tensor.blocks))
-        super().load_shard(shard, tensor)
-
     def pack(self, shards: list[GGMLWeight]) -> None:
-        total = sum(s.blocks.numel() for s in shards)
-        self.blocks = huge_pages.zeros((total,), torch.uint8) if self.blocks.device.type == "cpu" else \
-            torch.empty(total, dtype=torch.uint8, device=self.blocks.device)
-        self.segments, start = [], 0
-        for _, s in _shard_rows(shards, self.out_features):
-            self.blocks[start : start + s.blocks.numel()].view(s.blocks.shape).copy_(s.blocks)
-            if self.segments and self.segments[-1][0] == s.ggml_type:  # one run of a type: one kernel call
-                ggml_type, rows, first = self.segments[-1]
-                self.segments[-1] = (ggml_type, rows + s.blocks.shape[0], first)
-            else:
-                self.segments.append((s.ggml_type, s.blocks.shape[0], start))
-            start += s.blocks.numel()
-        self.segment_table = torch.tensor(self.segments, dtype=torch.int64)
+        for i in range(len(self.segment_types)):
+            delattr(self, f"segment{i}")
+        self.segment_types = []
+        for i, (_, s) in enumerate(_shard_rows(shards, self.out_features)):
+            blocks = s.blocks.to(self.placement.device)
+            self.register_buffer(f"segment{i}", blocks if blocks.is_contiguous() else blocks.contiguous())
+            self.segment_types.append(s.ggml_type)
 
     def segment_blocks(self) -> list[tuple[int, torch.Tensor]]:
-        """(ggml type, uint8 [rows, bytes per row]) per segment, views of `blocks`: made once per buffer, not
-        once a token (forward runs this every decode step)."""
-        address = self.blocks.data_ptr()
-        if self._views[0] != address or len(self._views[1]) != len(self.segments):
-            views = [(t, self.blocks[first : first + rows * GGMLWeight.row_bytes(t, self.in_features)].view(rows, -1))
-                     for t, rows, first in self.segments]
-            self._views = (address, views)
-        return self._views[1]
+        """(ggml type, uint8 [rows, bytes per row]) per segment, in row order."""
+        return [(t, getattr(self, f"segment{i}")) for i, t in enumerate(self.segment_types)]
+
+    @property
+    def segments(self) -> list[tuple[int, int, int]]:
+        """(ggml type, rows, address of the first byte) per segment."""
+        return [(t, b.shape[0], b.data_ptr()) for t, b in self.segment_blocks()]
+
+    @property
+    def segment_table(self) -> torch.Tensor:
+        """`segments` as int64 [n, 3], the fused decode step's (made again only where a segment moved)."""
+        segments = self.segments
+        key = tuple(address for _, _, address in segments)
+        if self._table[0] != key:
+            self._table = (key, torch.tensor(segments, dtype=torch.int64).reshape(-1, 3))
+        return self._table[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits is None or x.device.type != "cpu" or not kernels.available():
             return self._float_forward(x)
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         flat = wide.reshape(-1, self.in_features)
-        parts = [kernels.ggml_linear_dot(flat, blocks, ggml_type, self.activation_bits)
-                 for ggml_type, blocks in self.segment_blocks()]
-        y = (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).view(*x.shape[:-1], self.out_features)
+        y = kernels.ggml_segments_dot(flat, self.segment_table, self.out_features, self.activation_bits)
+        y = y.view(*x.shape[:-1], self.out_features)
         if self.bias is not None:
             y = y + self.bias
         return y if y.dtype == x.dtype else y.to(x.dtype)

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FM
 WRITES = {  # op → the arguments it writes in place
     "int4_linear": set(), "int8_linear": set(), "int4_linear_dot": set(), "int8_linear_dot": set(), "has_vnni": set(),
     "int4_dequantize": set(), "int8_dequantize": set(), "q5_0_linear": set(), "q5_0_linear_dot": set(),
-    "q5_0_unpack": set(), "ggml_linear_dot": set(), "greedy_argmax": set(),
+    "q5_0_unpack": set(), "ggml_linear_dot": set(), "ggml_segments_dot": set(), "has_amx": set(), "greedy_argmax": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
     "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
 }
@@ -35,6 +35,9 @@ def q5_0_blocks() -> torch.Tensor:
     blocks = torch.randint(0, 256, (N, K // 32, 22), dtype=torch.uint8)
     blocks[..., :2] = torch.tensor([1 / 64], dtype=torch.float16).view(torch.uint8)
     return blocks.flatten(1)
+
+
+SEGMENT_BLOCKS = q5_0_blocks()  # the blocks ggml_segments_dot's table points at: alive as long as the module
 
 
 def attention_args(batch: int = 2) -> dict:
@@ -64,9 +67,11 @@ def test_each_op_is_a_torch_op_whose_schema_marks_what_it_writes(name):
 
 
 def test_the_integer_dot_ops_default_to_the_fastest_isa():
-    for name in ("int4_linear_dot", "int8_linear_dot", "int4_gemm_dot", "int8_gemm_dot", "ggml_linear_dot"):
+    fastest = {"int4_linear_dot": 1, "int8_linear_dot": 1, "int4_gemm_dot": 1, "int8_gemm_dot": 1,
+               "ggml_linear_dot": 2, "ggml_segments_dot": 2}  # 2: AMX tiles where present
+    for name, expected in fastest.items():
         (isa,) = [a for a in getattr(torch.ops.llmpipe, name).default._schema.arguments if a.name == "isa"]
-        assert isa.default_value == 1
+        assert isa.default_value == expected
 
 
 @pytest.mark.parametrize("op, args", [
@@ -77,6 +82,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("q5_0_linear", (torch.randn(3, K), q5_0_blocks())), ("q5_0_linear_dot", (torch.randn(2, K), q5_0_blocks())),
     ("q5_0_unpack", (q5_0_blocks(),)),
     ("ggml_linear_dot", (torch.randn(3, K), q5_0_blocks(), 6)),  # ggml type 6: Q5_0
+    ("ggml_segments_dot", (torch.randn(3, K), torch.tensor([[6, N, SEGMENT_BLOCKS.data_ptr()]]), N)),
     ("greedy_argmax", (torch.randn(3, 1000),)),
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),

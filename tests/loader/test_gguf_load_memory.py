@@ -110,3 +110,22 @@ def test_each_tensors_pages_are_let_go_once_the_next_is_asked_for_and_read_back_
     for name, _, before in seen:
         after = reread[name]
         assert torch.equal(before, after.dequantize() if not isinstance(after, torch.Tensor) else after), name
+
+
+def test_blocks_kept_as_the_files_bytes_are_views_of_the_mapping_read_in_and_never_let_go(tiny_gguf):
+    """A GGML tensor the model keeps is its view of the mapping (no copy): its pages are read in at load and
+    stay; every other tensor's pages go once copied (q and k: rows unpermuted into a copy of their own)."""
+    checkpoint = load_checkpoint(str(tiny_gguf("llama_gqa", UNIFORM)))
+    source = checkpoint.source
+    reader = source._reader
+    recording = reader.mapping = RecordingMap(reader.mapping)
+    weights = dict(checkpoint.iter_weights(plan=checkpoint.quant_plan("auto", 128)))
+    kept = {name for name, w in weights.items() if isinstance(w, formats.GGMLWeight) and name not in source._heads}
+    assert "model.layers.0.self_attn.v_proj.weight" in kept and "model.layers.0.self_attn.q_proj.weight" not in kept
+    for name, w in weights.items():
+        shares = isinstance(w, formats.GGMLWeight) and np.shares_memory(w.blocks.numpy(), reader.data)
+        assert shares == (name in kept), name
+        info = source._tensors[name]
+        advice = {a for a, start, length in recording.calls
+                  if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
+        assert (mmap.MADV_DONTNEED in advice) == (name not in kept), name

@@ -46,19 +46,33 @@ def test_a_native_weight_dequantizes_to_ggmls_weights_bit_for_bit(qtype):
     assert torch.equal(weight.dequantize(), expected)
 
 
+def mapped_file(address: int) -> Path | None:
+    """The file whose mapping holds `address` (None: anonymous memory), from /proc/self/maps."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        low, high = (int(v, 16) for v in fields[0].split("-"))
+        if low <= address < high:
+            return Path(fields[5]) if len(fields) > 5 and fields[5].startswith("/") else None
+    return None
+
+
 def test_q4_and_q8_tensors_stay_quantized_and_compute_the_dequantized_model(tiny_gguf):
     path = str(tiny_gguf("llama_gqa", QTYPES))
     native, dense = LLM(path, activation_quantization=None, progress=False), LLM(path, dtype="float32", progress=False)
     layers = native.engine.model.model.layers
-    for module in (layers[0].self_attn.qkv_proj, layers[0].mlp.gate_up_proj, layers[0].self_attn.o_proj,
-                   layers[1].self_attn.o_proj, native.engine.model.lm_head):
-        assert isinstance(module, GGMLLinear) and len(module.segments) == 1
+    for module, shards in ((layers[0].self_attn.qkv_proj, 3), (layers[0].mlp.gate_up_proj, 2), (layers[0].self_attn.o_proj, 1),
+                           (layers[1].self_attn.o_proj, 1), (native.engine.model.lm_head, 1)):
+        assert isinstance(module, GGMLLinear) and len(module.segments) == shards  # a segment per tensor of the file
     assert [t for t, _, _ in layers[1].mlp.gate_up_proj.segments] == [Q.Q5_0, Q.Q8_0]
     assert not isinstance(layers[1].mlp.down_proj, QuantizedLinear)  # float in the file: stays float
     assert not isinstance(layers[1].self_attn.qkv_proj, QuantizedLinear)  # Q4_1 q with float k, v
-    assert layers[0].mlp.gate_up_proj.blocks.numel() == sum(  # the file's bytes, no more
-        t.n_bytes for t in load_checkpoint(path).source._reader.tensors if t.name.startswith("blk.0.ffn_") and
-        t.name.split(".")[2] in ("ffn_gate", "ffn_up"))
+    file = {t.name: t for t in load_checkpoint(path).source._reader.tensors}
+    gate_up = [b for _, b in layers[0].mlp.gate_up_proj.segment_blocks()]
+    assert [b.numel() for b in gate_up] == [file[f"blk.0.ffn_{n}.weight"].n_bytes for n in ("gate", "up")]
+    assert [b.numpy().tobytes() for b in gate_up] == [file[f"blk.0.ffn_{n}.weight"].data.tobytes() for n in ("gate", "up")]
+    if Path("/proc/self/maps").exists():  # v and o are the file's pages (q and k: rows unpermuted, copies)
+        qkv, o = layers[0].self_attn.qkv_proj.segment_blocks(), layers[0].self_attn.o_proj.segment_blocks()
+        assert [mapped_file(b.data_ptr()) for _, b in (*qkv, *o)] == [None, None, Path(path).resolve(), Path(path).resolve()]
     assert native.engine.weight_bytes < dense.engine.weight_bytes
     torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
     torch.testing.assert_close(native.engine.score(PROMPT[:5]), dense.engine.score(PROMPT[:5]), atol=1e-4, rtol=0)
@@ -131,7 +145,7 @@ def test_the_fused_decode_step_gives_the_layers_tokens_and_logprobs(tmp_path, ac
     llms = {fused: LLM(str(path), activation_quantization=activations, progress=False) for fused in (True, False)}
     llm = llms[True]
     layers = llm.engine.model.model.layers
-    assert [t for t, _, _ in layers[0].self_attn.qkv_proj.segments] == [Q.Q4_K, Q.Q6_K]
+    assert [t for t, _, _ in layers[0].self_attn.qkv_proj.segments] == [Q.Q4_K, Q.Q4_K, Q.Q6_K]
     assert [t for t, _, _ in layers[1].self_attn.qkv_proj.segments] == [Q.Q4_0, Q.Q4_1, Q.Q5_0]
     assert all(isinstance(m, GGMLLinear) for layer in layers for m in (
         layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))

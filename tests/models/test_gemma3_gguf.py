@@ -70,9 +70,9 @@ def test_q4_k_and_q5_0_tensors_run_quantized_and_compute_the_dequantized_model(g
     native = LLM(str(gemma3_gguf), progress=False, activation_quantization=activations)
     layer = native.engine.model.model.layers[0]
     segments = lambda module: [t for t, _, _ in module.segments]  # noqa: E731
-    assert segments(layer.self_attn.qkv_proj) == [Q.Q5_0, Q.Q8_0]  # the file's blocks: Q5_0 q, k and a Q8_0 v
-    assert segments(layer.mlp.gate_up_proj) == [Q.Q5_0]
-    assert segments(native.engine.model.model.layers[2].self_attn.qkv_proj) == [Q.Q5_0]  # q, k and v Q5_0
+    assert segments(layer.self_attn.qkv_proj) == [Q.Q5_0, Q.Q5_0, Q.Q8_0]  # the file's blocks: Q5_0 q, k and a Q8_0 v
+    assert segments(layer.mlp.gate_up_proj) == [Q.Q5_0, Q.Q5_0]
+    assert segments(native.engine.model.model.layers[2].self_attn.qkv_proj) == [Q.Q5_0] * 3  # q, k and v Q5_0
     assert segments(layer.self_attn.o_proj) == [Q.Q4_K]
     assert segments(native.engine.model.lm_head) == [Q.Q8_0]  # the tied embedding
     assert native.engine.weight_bytes < 0.6 * gemma3_llm.engine.weight_bytes

@@ -19,7 +19,8 @@
  *   INT8: codes [N, K], scale [N, G]
  *   Q5_0: GGUF's blocks [N, K / 32 * 22] (lowbit_q5_rows.h: unpacked a row at a time for the INT8 row functions)
  *   GGML: a GGUF file's own blocks (ggml_rows.h), in `group` segments of rows of one type each, `segments`
- *         (type, rows, first byte) per segment; integer-dot activations only, any batch in one pass
+ *         (type, rows, address of the first byte) per segment (each where the loader left it: views of the
+ *         file's mapping); integer-dot activations only, any batch in one pass
  * and, for batches of PANEL_MIN_ROWS or more on the integer-dot path, the same weights as panels
  * (lowbit_panels.h) where given.
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
@@ -56,7 +57,7 @@ typedef struct {
     const float *scale;
     union {
         const float *offset;     /* INT4 */
-        const int64_t *segments; /* GGML: (type, rows, first byte) per segment */
+        const int64_t *segments; /* GGML: (type, rows, address) per segment */
     };
     const float *bias; /* may be NULL */
     int64_t N, K, group; /* GGML: group is the segment count */
@@ -312,17 +313,7 @@ static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, in
         activation_sums4(s->qx, B, w->K, planes, s->s4);
     const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes};
     const AmxActs tiles = {s->amx_b, s->amx_dx, s->amx_xs, B, amx_tiles(B), w->K, planes};
-    int64_t row0 = 0;
-    for (int64_t i = 0; i < w->group; i++) {
-        const int64_t type = w->segments[3 * i], rows = w->segments[3 * i + 1];
-        const int64_t lo = n0 > row0 ? n0 : row0, hi = n1 < row0 + rows ? n1 : row0 + rows;
-        const uint8_t *blocks = (const uint8_t *)w->weight + w->segments[3 * i + 2];
-        if (lo < hi && amx)
-            ggml_amx_slice(type, blocks, lo - row0, hi - row0, &tiles, s->y + (lo - n0), n1 - n0);
-        else if (lo < hi)
-            ggml_slice(use_vnni(), type, blocks, lo - row0, hi - row0, &a, B, s->y + (lo - n0), n1 - n0);
-        row0 += rows;
-    }
+    ggml_segment_rows(w->segments, w->group, n0, n1, &a, amx ? &tiles : NULL, B, use_vnni(), s->y, n1 - n0);
 }
 
 /* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */

@@ -36,6 +36,8 @@ int ggml_has_amx(void);
 // ggml_dot.c
 int ggml_type_supported(int64_t type);
 int64_t ggml_row_bytes_of(int64_t type, int64_t K);
+void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y, int64_t M, int64_t N, int64_t K,
+                       int64_t bits, int64_t isa);
 void ggml_linear_dot(const float *x, const uint8_t *blocks, float *y, int64_t M, int64_t N, int64_t K, int64_t type,
                      int64_t bits, int64_t isa);
 void int4_linear_dot(const float *x, const uint8_t *codes, const float *scale, const float *offset, float *y,
@@ -266,6 +268,29 @@ at::Tensor ggml_linear_dot(const at::Tensor &x, const at::Tensor &blocks, int64_
     return y;
 }
 
+// x [M, K] float32 (any M) @ a weight whose rows are segments of ggml blocks: table int64 [n, 3] (type, rows,
+// address of that many rows of blocks) — GGMLLinear's, whose buffers hold the addresses' bytes.
+at::Tensor ggml_segments_dot(const at::Tensor &x, const at::Tensor &table, int64_t N, int64_t bits, int64_t isa) {
+    const char *op = "ggml_segments_dot";
+    check(op, "x", x, at::kFloat, 2);
+    check(op, "table", table, at::kLong, 2);
+    check_bits(op, bits);
+    TORCH_CHECK(table.size(1) == 3 && table.size(0) > 0, op, ": table must be [segments, 3], got ", table.sizes());
+    const int64_t M = x.size(0), K = x.size(1), *t = table.const_data_ptr<int64_t>();
+    int64_t rows = 0;
+    for (int64_t i = 0; i < table.size(0); i++) {
+        TORCH_CHECK(kernels::ggml_type_supported(t[3 * i]), op, ": ggml type ", t[3 * i], " has no kernel");
+        TORCH_CHECK(K > 0 && kernels::ggml_row_bytes_of(t[3 * i], K) > 0, op, ": ", K, " inputs are not whole blocks of type ",
+                    t[3 * i]);
+        TORCH_CHECK(t[3 * i + 1] > 0 && t[3 * i + 2] != 0, op, ": segment ", i, " has no rows");
+        rows += t[3 * i + 1];
+    }
+    TORCH_CHECK(rows == N, op, ": the segments hold ", rows, " rows, not ", N);
+    at::Tensor y = float_empty(M, N);
+    if (M > 0) kernels::ggml_segments_dot(x.const_data_ptr<float>(), t, table.size(0), y.mutable_data_ptr<float>(), M, N, K, bits, isa);
+    return y;
+}
+
 // x [M, K] float32 (any M) @ a weight [N, K] held as panels [ceil(N / PANEL), K / CHUNK, block_bytes].
 at::Tensor gemm_dot(const char *op, const at::Tensor &x, const at::Tensor &panels, int64_t N, int64_t bits,
                     int64_t block_bytes) {
@@ -485,6 +510,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("int4_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("int8_gemm_dot(Tensor x, Tensor panels, int N, int bits=8, int isa=1) -> Tensor");
     m.def("ggml_linear_dot(Tensor x, Tensor blocks, int type, int bits=16, int isa=2) -> Tensor");
+    m.def("ggml_segments_dot(Tensor x, Tensor table, int N, int bits=16, int isa=2) -> Tensor");
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("has_amx() -> int", &has_amx);
     m.def("greedy_argmax(Tensor logits) -> Tensor");
@@ -511,6 +537,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("int4_gemm_dot", &int4_gemm_dot);
     m.impl("int8_gemm_dot", &int8_gemm_dot);
     m.impl("ggml_linear_dot", &ggml_linear_dot);
+    m.impl("ggml_segments_dot", &ggml_segments_dot);
     m.impl("greedy_argmax", &greedy_argmax);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);

@@ -61,10 +61,10 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         if w.dtype != torch.float32 or not w.is_contiguous() or w.shape[1] % 16:
             return None
         return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0]
-    if isinstance(module, GGMLLinear):  # integer-dot activations only; the segments where `offset` goes
+    if isinstance(module, GGMLLinear):  # integer-dot activations only; the segments' table where `offset` goes
         if not module.activation_bits:
             return None
-        return [GGML, module.activation_bits, module.blocks.data_ptr(), 0, module.segment_table.data_ptr(), _ptr(bias),
+        return [GGML, module.activation_bits, 0, 0, module.segment_table.data_ptr(), _ptr(bias),
                 module.out_features, module.in_features, len(module.segments), 0]
     if not isinstance(module, (Int4Linear, Int8Linear, Q5_0Linear)) or module.padded_in != module.in_features:
         return None
