@@ -29,7 +29,7 @@ enum {
 };
 
 #define QK_K 256
-#define GGML_PREFETCH_BYTES 16384
+#define GGML_CHUNK 1024 /* weights of each row a tile takes at a time (a multiple of every block's) */
 
 static inline int ggml_supported(int64_t t) {
     return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
@@ -182,8 +182,8 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
  * [MR, K / 32]): out[m] = that part of the row's dot with activation row m. codes: a block's scratch. */
 static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const uint8_t *row, const int8_t *qx,
                                                                 const float *dx, const float *xsum, int64_t K, int64_t k0,
-                                                                int64_t k1, int64_t lo, float *out, const int MR, const int PL,
-                                                                int8_t *codes) {
+                                                                int64_t k1, int64_t lo, int64_t ahead, float *out, const int MR,
+                                                                const int PL, int8_t *codes) {
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t), B = K / BLOCK;
     float s16[16], m32[8];
     __m256 acc[8];
@@ -191,7 +191,7 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
     for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
     for (int64_t blk = k0 / W; blk < k1 / W; blk++) {
         const uint8_t *b = row + blk * S;
-        STREAM_PREFETCH(b + GGML_PREFETCH_BYTES);
+        _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);
         ggml_unpack(t, b, codes, s16, m32);
         for (int64_t i = 0; i < W / BLOCK; i++) {
             const int64_t c = blk * (W / BLOCK) + i;
@@ -259,7 +259,7 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 
 #define VNNI_ROW_ARGS                                                                                              \
     const uint8_t *row, const int8_t *qx, const float *dx, const float *xsum, const int32_t *s4, int64_t K,         \
-        int64_t k0, int64_t k1, int64_t lo, float *out, const int MR, const int PL
+        int64_t k0, int64_t k1, int64_t lo, int64_t ahead, float *out, const int MR, const int PL
 #define VNNI_ROW(NAME) VNNI static inline __attribute__((always_inline)) void NAME(VNNI_ROW_ARGS)
 
 /* 16 bytes (q0) and 16 more (q1), each two blocks' halves of nibbles (byte j: weight j low, j + 16 high)
@@ -302,14 +302,14 @@ VNNI static inline __m512 block_halves(const uint8_t *b, __m512i at) {
             }                                                                                                      \
             for (int j = 0; j < 8; j++) {                                                                          \
                 const uint8_t *b = b16 + 2 * j * (STRIDE);                                                         \
-                _mm_prefetch((const char *)b + GGML_PREFETCH_BYTES, _MM_HINT_T0);                                  \
+                _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                \
                 const __m512i w = CODES2(b);                                                                       \
                 VNNI_PAIR_SCALED(w, pair_of_eight(k16[m], j), c + 2 * j, ZS)                                       \
             }                                                                                                      \
         }                                                                                                          \
         for (; c + 1 < k1 / BLOCK; c += 2) {                                                                       \
             const uint8_t *b = row + c * (STRIDE);                                                                 \
-            _mm_prefetch((const char *)b + GGML_PREFETCH_BYTES, _MM_HINT_T0);                                      \
+            _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                    \
             const __m512i w = CODES2(b);                                                                           \
             const __m512 ws = lane_halves(f16_at(b), f16_at(b + (STRIDE)));                                        \
             VNNI_PAIR(w, ws, c, ZS)                                                                                \
@@ -356,9 +356,9 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_q5_1, 24, Q5_1_CODES2, Q5_1_CODES1, -1, 2)
 DEFINE_VNNI_ROW32(ggml_row_vnni_iq4_nl, 18, IQ4_NL_CODES2, IQ4_NL_CODES1, 7, 0)
 DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
 
-/* Prefetch a super-block's bytes, GGML_PREFETCH_BYTES ahead. */
+/* Prefetch a super-block's bytes, `ahead` bytes on. */
 #define PREFETCH_SUPER(b, S)                                                                                       \
-    for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + GGML_PREFETCH_BYTES + l_, _MM_HINT_T0)
+    for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + ahead + l_, _MM_HINT_T0)
 
 /* Q4_K / Q5_K super-block b's sub-blocks 2j and 2j + 1 as 64 unsigned codes (nibbles at b + qs, low ones
  * sub-block 2j; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 bytes at b + 16). */
@@ -480,7 +480,6 @@ typedef struct {
 } GGMLActs;
 
 #define GGML_TILE_ROWS 16
-#define GGML_CHUNK 1024 /* weights of each row a tile takes at a time (a multiple of every block's) */
 
 /* Weight rows [n0, n1) (row n at blocks + n * its bytes) against M activation rows, into y[m * ld + n - n0]:
  * tiles of GGML_TILE_ROWS rows, walked GGML_CHUNK weights of each row at a time — sixteen streams from memory
@@ -497,6 +496,10 @@ typedef struct {
             float sums[GGML_TILE_ROWS][8] = {{0}};                                                      \
             for (int64_t k0 = 0; k0 < K; k0 += GGML_CHUNK) {                                            \
                 const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K;                           \
+                /* prefetch what comes a tile's rows later: this row's next chunk, or after the last  \
+                   chunk the next tile's first (a fixed distance ahead; 16 KB on read 7-14 GB/s) */     \
+                const int64_t ahead = k1 < K ? ggml_row_bytes(type, k1 - k0)                            \
+                                             : GGML_TILE_ROWS * row_bytes - ggml_row_bytes(type, k0);   \
                 for (int64_t n = t0; n < t1; n++) {                                                     \
                     const uint8_t *w = blocks + n * row_bytes;                                          \
                     float out[8];                                                                       \
@@ -507,10 +510,10 @@ typedef struct {
             for (int64_t n = t0; n < t1; n++)                                                           \
                 for (int64_t m = 0; m < mr; m++) y[(m0 + m) * ld + n - n0] = sums[n - t0][m];           \
         }
-#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, k0, k1, lo, out, MR, PL, codes)
+#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, k0, k1, lo, ahead, out, MR, PL, codes)
 #define GGML_VNNI_CASE(TYPE, FN) \
     case TYPE: WITH_PLANES(a->planes, GGML_TILED(GGML_VNNI_CALL_##FN)); break;
-#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, out, MR, PL)
+#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, ahead, out, MR, PL)
 #define GGML_VNNI_CALL_q4_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_0, MR)
 #define GGML_VNNI_CALL_q8_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q8_0, MR)
 #define GGML_VNNI_CALL_q4_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_1, MR)
