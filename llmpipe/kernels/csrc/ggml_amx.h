@@ -85,8 +85,8 @@ static void amx_pack(const int8_t *qx, const float *dx, const float *xsum, int64
 /* Weight row r of a tile (its bytes at `row`), weights [k0, k1), unpacked for the tiles: signed codes u - zero
  * (ggml_unpack's, made here with the row kernels' vector code producers) at codes [block][r][32], scales at
  * s16 [block * 2 + half][r] (one per 16 weights), the mins met through xsum at m32 [block][r]. */
-AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int64_t k1, int64_t r, int8_t *codes,
-                               float *s16, float *m32) {
+AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int64_t k1, int64_t r, int64_t ahead,
+                               int8_t *codes, float *s16, float *m32) {
     const int zs = ggml_zero_shift(type);
     const __m256i zero = _mm256_set1_epi8(zs < 0 ? 0 : (char)(1 << zs));
     const int64_t c0 = k0 / BLOCK;
@@ -97,6 +97,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
 #define AMX_ROW32(STRIDE, CODES1, MIN)                                                                           \
     for (int64_t c = c0; c < k1 / BLOCK; c++) {                                                                  \
         const uint8_t *b = row + c * (STRIDE);                                                                   \
+        _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                      \
         AMX_PUT(c, CODES1(b));                                                                                   \
         AMX_SCALES(c, f16_at(b), (MIN) ? -f16_at(b + (MIN)) : 0.0f);                                             \
     }                                                                                                            \
@@ -112,6 +113,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
         const int q5 = type == GGML_Q5_K;
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
             const uint8_t *b = row + sb * (q5 ? 176 : 144);
+            PREFETCH_SUPER(b, q5 ? 176 : 144);
             float sc[8], mn[8];
             k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, mn);
             for (int j = 0; j < 4; j++) AMX_PUT2(8 * sb + 2 * j, k_quant_codes(b, q5 ? 48 : 16, q5, j));
@@ -122,6 +124,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
     case GGML_Q6_K:
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
             const uint8_t *b = row + sb * 210;
+            PREFETCH_SUPER(b, 210);
             for (int h = 0; h < 2; h++) {
                 __m512i w0, w1;
                 q6_k_codes(b, h, &w0, &w1);
@@ -136,6 +139,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
     default: /* IQ4_XS */
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
             const uint8_t *b = row + sb * 136;
+            PREFETCH_SUPER(b, 136);
             float sc[8];
             iq4_xs_scales(b, sc);
             for (int j = 0; j < 4; j++) {
@@ -153,16 +157,16 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
 }
 
 /* Weight rows [n, n + rows) (rows <= 16; the rest zero), weights [k0, k1), unpacked for the tiles
- * (amx_unpack_row). */
+ * (amx_unpack_row), prefetching the bytes `ahead` on (the next tile's, unpacked next). */
 AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_bytes, int64_t n, int64_t rows, int64_t k0,
-                           int64_t k1, int8_t *codes, float *s16, float *m32) {
+                           int64_t k1, int64_t ahead, int8_t *codes, float *s16, float *m32) {
     const int64_t nb = (k1 - k0) / BLOCK;
     if (rows < AMX_ROWS) {
         memset(codes, 0, nb * AMX_ROWS * BLOCK);
         memset(s16, 0, sizeof(float) * nb * 2 * AMX_ROWS);
         memset(m32, 0, sizeof(float) * nb * AMX_ROWS);
     }
-    for (int64_t r = 0; r < rows; r++) amx_unpack_row(type, blocks + (n + r) * row_bytes, k0, k1, r, codes, s16, m32);
+    for (int64_t r = 0; r < rows; r++) amx_unpack_row(type, blocks + (n + r) * row_bytes, k0, k1, r, ahead, codes, s16, m32);
 }
 
 /* The tiles' part of sub-block s (block s / SB, its part s % SB of G weights; SB = 32 / G, G 32, or 16 for
@@ -236,7 +240,10 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
         const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K, nb = (k1 - k0) / BLOCK;
         for (int64_t nt = 0; nt < tiles; nt++) {
             const int64_t n = n0 + nt * AMX_ROWS, rows = n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS;
-            amx_unpack(type, blocks, row_bytes, n, rows, k0, k1, codes, s16, m32);
+            /* the next tile's rows of this chunk, or after the last tile the first one's next chunk */
+            const int64_t ahead = nt + 1 < tiles ? AMX_ROWS * row_bytes
+                                                 : ggml_row_bytes(type, k1 - k0) - nt * AMX_ROWS * row_bytes;
+            amx_unpack(type, blocks, row_bytes, n, rows, k0, k1, ahead, codes, s16, m32);
             for (int64_t t = 0; t < T; t++) {
                 float *out = accs + (nt * T + t) * AMX_ROWS * AMX_ROWS;
                 __m512 acc[AMX_ROWS];
