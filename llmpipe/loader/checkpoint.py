@@ -68,7 +68,8 @@ class Checkpoint:
 
         Float tensors of a GGUF may be views of its copy-on-write mapping (writes never reach the file).
         Once the consumer asks for the next tensor, the last one's mapped pages are let go (a GGUF's
-        `release_pages`): the file is resident one tensor at a time, not whole beside the model.
+        `release_pages`): a copied tensor's file pages are resident one at a time, not whole beside the
+        model. GGML block tensors the model keeps as views of the mapping keep their pages.
         """
         names = list(expected_weight_shapes(self.config))
         native = getattr(self.source, "native_format", lambda name: None)
