@@ -423,10 +423,9 @@ class GGMLLinear(QuantizedLinear):
     @property
     def segment_table(self) -> torch.Tensor:
         """`segments` as int64 [n, 3], the fused decode step's (made again only where a segment moved)."""
-        segments = self.segments
-        key = tuple(address for _, _, address in segments)
-        if self._table[0] != key:
-            self._table = (key, torch.tensor(segments, dtype=torch.int64).reshape(-1, 3))
+        key = tuple(getattr(self, f"segment{i}").data_ptr() for i in range(len(self.segment_types)))
+        if self._table[0] != key:  # every forward asks: the table itself is made only when a segment moved
+            self._table = (key, torch.tensor(self.segments, dtype=torch.int64).reshape(-1, 3))
         return self._table[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

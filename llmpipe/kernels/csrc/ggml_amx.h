@@ -2,7 +2,8 @@
  * later), chosen at run time where the CPU has AMX-INT8 and the kernel lets the process use its tiles.
  *
  * The numbers are the row kernels' (ggml_rows.h), exactly: each block of 32 weights (16 for Q6_K, whose
- * scales are per 16) is unpacked once to signed codes (ggml_unpack), and a tile multiply gives, for sixteen
+ * scales are per 16) is unpacked once to ggml_unpack's signed codes, made by the row kernels' own vector code
+ * producers (amx_unpack_row), and a tile multiply gives, for sixteen
  * weight rows against sixteen activation rows at once, the same integer dot of codes against codes that
  * the row kernels make one lane at a time; the float work, scale * dx * dot - min * xsum, is the same too.
  *
@@ -142,11 +143,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
             PREFETCH_SUPER(b, 136);
             float sc[8];
             iq4_xs_scales(b, sc);
-            for (int j = 0; j < 4; j++) {
-                const uint8_t *q = b + 8 + 32 * j;
-                AMX_PUT2(8 * sb + 2 * j, _mm512_shuffle_epi8(iq4_table(), nibble_pairs(_mm_loadu_si128((const __m128i *)q),
-                                                                                        _mm_loadu_si128((const __m128i *)(q + 16)))));
-            }
+            for (int j = 0; j < 4; j++) AMX_PUT2(8 * sb + 2 * j, iq4_xs_codes(b, j));
             for (int i = 0; i < 8; i++) AMX_SCALES(8 * sb + i, sc[i], 0.0f);
         }
     }

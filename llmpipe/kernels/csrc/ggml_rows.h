@@ -441,11 +441,17 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
     VNNI_ROW_END
 }
 
+/* IQ4_XS super-block b's sub-blocks 2j and 2j + 1 as 64 unsigned codebook codes (IQ4_U8). */
+VNNI static inline __m512i iq4_xs_codes(const uint8_t *b, int j) {
+    const uint8_t *q = b + 8 + 32 * j;
+    return _mm512_shuffle_epi8(iq4_table(), nibble_pairs(_mm_loadu_si128((const __m128i *)q),
+                                                         _mm_loadu_si128((const __m128i *)(q + 16))));
+}
+
 /* IQ4_XS: eight sub-blocks of 32 (16 bytes of nibbles each, as IQ4_NL's), codebook values, 6-bit scales. */
 VNNI_ROW(ggml_row_vnni_iq4_xs) {
     (void)xsum;
     VNNI_ROW_BEGIN
-    const __m512i table = iq4_table();
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 136;
         PREFETCH_SUPER(b, 136);
@@ -459,9 +465,7 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
         __m512 k[8];
         for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8)));
         for (int j = 0; j < 4; j++) {
-            const uint8_t *q = b + 8 + 32 * j;
-            const __m512i w = _mm512_shuffle_epi8(table, nibble_pairs(_mm_loadu_si128((const __m128i *)q),
-                                                                      _mm_loadu_si128((const __m128i *)(q + 16))));
+            const __m512i w = iq4_xs_codes(b, j);
             VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, 7)
         }
     }
