@@ -97,13 +97,14 @@ class RotaryEmbedding(torch.nn.Module):
         if self.cos.is_meta:
             return
         inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
-        angles = torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq)
-        self._set_tables(torch.cat([angles, angles], dim=-1))
+        self._set_tables(torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq), halves=2)
 
-    def _set_tables(self, angles: torch.Tensor) -> None:
+    def _set_tables(self, angles: torch.Tensor, halves: int = 1) -> None:
+        """cos and sin of `angles`, repeated `halves` times along the last dimension (rotate-half: both
+        halves of a head turn by the same angles, computed once)."""
         scale, device = rope_attention_factor(self.scaling), self.cos.device
-        self.cos = (angles.cos() * scale).float().to(device)
-        self.sin = (angles.sin() * scale).float().to(device)
+        self.cos = (angles.cos() * scale).float().repeat(1, halves).to(device)
+        self.sin = (angles.sin() * scale).float().repeat(1, halves).to(device)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions, [T, 1, head_dim]: looked up once per forward, shared by all layers."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -85,13 +87,27 @@ class Checkpoint:
 def load_checkpoint(model: str) -> Checkpoint:
     """Read a checkpoint's config and tokenizer and check its tensor table; weights stay on disk."""
     path = resolve_model(model)
-    config, source, tokenizer = _open_hf_dir(path) if path.is_dir() else _open_gguf(path)
+    with _collector_paused():
+        config, source, tokenizer = _open_hf_dir(path) if path.is_dir() else _open_gguf(path)
     check_weights(source, config, path)
     logger.info(
         "%s: %s, %d layers, %.1f MiB of weights", path, config.architecture, config.num_hidden_layers,
         source.file_bytes / 2**20,
     )
     return Checkpoint(config=config, tokenizer=tokenizer, path=path, file_bytes=source.file_bytes, source=source)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """No cyclic garbage collection while the vocabulary's strings are parsed: its passes over the
+    hundreds of thousands of new objects cost ten times the parse (Llama 3's metadata: 0.32 s vs 0.03 s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:

@@ -13,6 +13,7 @@ from gguf import GGUFReader, GGUFValueType, ReaderTensor
 from llmpipe.errors import ModelLoadError
 
 _MISSING = object()
+_U64 = struct.Struct("<Q")
 
 
 class _FastGGUFReader(GGUFReader):
@@ -47,12 +48,13 @@ class _FastGGUFReader(GGUFReader):
             return offs + int(values.nbytes) - orig_offs, [item_type, count, values], [2], [GGUFValueType.ARRAY, gtype]
         if gtype != GGUFValueType.STRING:
             return super()._get_field_parts(orig_offs, raw_type)
-        buffer = memoryview(self._mapped)
+        buffer, unpack = memoryview(self._mapped), _U64.unpack_from
         strings = []
         for _ in range(n):
-            (length,) = struct.unpack_from("<Q", buffer, offs)
-            strings.append(buffer[offs + 8 : offs + 8 + length])
-            offs += 8 + length
+            (length,) = unpack(buffer, offs)
+            start = offs + 8
+            offs = start + length
+            strings.append(buffer[start:offs])
         return offs - orig_offs, [item_type, count, *strings], list(range(2, n + 2)), [GGUFValueType.ARRAY, gtype]
 
     def populate_pages(self, tensor: ReaderTensor) -> None:

@@ -36,7 +36,9 @@ def build_model(
         model = cls(config).to(dtype)
         if plan:
             quantize_linears(model, module_plan(plan, model.target_of, config.tie_word_embeddings), dtype)
-    model.to_empty(device=device)
+    # model.to_empty(device) would take empty_like of each meta tensor: torch's Python reference for it
+    # imports sympy (0.3 s of a 1B's load); torch.empty of the same shape allocates the same memory.
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     huge_pages.place_weights(model, fresh=True)  # pages become resident as weights arrive
     for module in model.modules():
         if isinstance(module, RotaryEmbedding):

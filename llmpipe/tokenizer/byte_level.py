@@ -89,7 +89,10 @@ def byte_level_spelling(token: str) -> str:
 def build_byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], pre: str | None) -> tokenizers.Tokenizer:
     """A GPT-2 style tokenizer: byte-alphabet vocabulary, ranked merges, the `pre` kind's split regex."""
     # Later duplicates win, as in a dict built in file order (transformers does the same).
-    vocab = {byte_level_spelling(token): index for index, token in enumerate(tokens)}
+    if _alphabet().issuperset("".join(tokens)):  # as GGUF files spell them: one check, not one per token
+        vocab = dict(zip(tokens, range(len(tokens))))
+    else:
+        vocab = {byte_level_spelling(token): index for index, token in enumerate(tokens)}
     ranked = [tuple(merge.split(" ", 1)) for merge in merges]
     backend = tokenizers.Tokenizer(
         models.BPE(vocab=vocab, merges=ranked, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
