@@ -15,7 +15,7 @@ import dataclasses
 import logging
 from typing import Any, Sequence
 
-from llmpipe.engine.core import CoreInfo, EngineStats
+from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_client import OnDeath, OnStep
 from llmpipe.engine.core_messages import EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.deploy.replica import encoder, info_decoder, step_decoder

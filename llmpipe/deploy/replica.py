@@ -10,7 +10,7 @@ from typing import AsyncIterator, Callable
 import msgspec
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.core import CoreInfo, EngineStats
+from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_client import ProcessCoreClient
 from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
 

@@ -23,7 +23,8 @@ import zmq
 import zmq.asyncio
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.core import CoreInfo, EngineCore, EngineStats
+from llmpipe.engine.core import EngineCore
+from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_loop import Command, CoreLoop, Stop
 from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.core_process import (

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Callable, Protocol
 
-from llmpipe.engine.core import EngineCore, EngineStats
+from llmpipe.engine.core import EngineCore
+from llmpipe.engine.core_messages import EngineStats
 from llmpipe.engine.core_messages import Abort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
 
 logger = logging.getLogger(__name__)

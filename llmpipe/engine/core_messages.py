@@ -6,6 +6,8 @@ msgpack over ZeroMQ (the API server ↔ the engine core process) with typed deco
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import msgspec
 
 from llmpipe.sampling_params import SamplingParams
@@ -52,3 +54,52 @@ class Abort(msgspec.Struct, array_like=True):
     """Stop these requests (index None: every sample; else that sample alone)."""
 
     targets: list[tuple[str, int | None]]
+
+
+@dataclass
+class SpecDecodeStats:
+    num_drafts: int = 0  # proposals verified (one per sequence per step)
+    num_draft_tokens: int = 0  # tokens proposed
+    num_accepted_tokens: int = 0  # proposed tokens the target kept
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification: the accepted drafts plus the target's own token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of blocks in use
+    num_blocks: int
+    num_free_blocks: int
+    peak_blocks_in_use: int
+    # Bytes a token adds to a sequence's cache once it is longer than every window: the layers that
+    # keep all tokens (all layers for a model without windows). Window layers hold ~W tokens instead.
+    kv_bytes_per_token: int
+    prefix_cache_queries: int  # prompt blocks looked up
+    prefix_cache_hits: int  # prompt blocks served from the cache
+    num_preemptions: int
+    num_prefill_tokens: int  # prompt tokens actually computed (cache hits excluded)
+    num_generation_tokens: int
+    kv_bytes_in_use: int = 0  # bytes of the blocks in use
+    spec_decode: SpecDecodeStats | None = None  # with speculative decoding on
+    kv_bytes_per_seq: dict[str, int] = field(default_factory=dict)  # running request → bytes its blocks hold
+
+
+@dataclass(frozen=True)
+class CoreInfo:
+    """What a front end needs to know of the core it talks to: limits and ids for admission."""
+
+    model: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    weight_bytes: int
+    pid: int

@@ -18,7 +18,8 @@ import msgspec
 import zmq
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.core import CoreInfo, EngineCore, EngineStats
+from llmpipe.engine.core import EngineCore
+from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_loop import Command, CoreLoop, Stop
 from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
 

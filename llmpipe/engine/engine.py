@@ -15,7 +15,8 @@ import torch
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission, PromptInput
 from llmpipe.engine.cache_kinds import BlockTable
-from llmpipe.engine.core import EngineCore, EngineStats, SpecDecodeStats
+from llmpipe.engine.core import EngineCore
+from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
 from llmpipe.engine.core_messages import EngineCoreRequest
 from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import InvalidRequestError

@@ -8,21 +8,27 @@ When the cache runs out of blocks, the most recently admitted sequence is preemp
 are freed and it goes back to the front of the queue, keeping the tokens it generated (they are
 recomputed on resumption, from the prefix cache where it still holds them).
 
-The scheduler is the only writer of a sequence's progress (`num_computed_tokens`): after the
-runner computed a batch, `update_from_output` counts what it computed, registers the newly full
-blocks in the prefix cache and frees what the windows no longer reach; `add_drafts` decides
-which speculative tokens get slots, `accept_drafts` keeps the accepted ones; `fork` starts the
-other samples of an n > 1 request from sample 0's blocks.
+The scheduler is the only writer of a sequence's progress: after the executor computed and
+sampled a batch, `update_from_output(batch, model_output)` counts what it computed, registers the
+newly full blocks in the prefix cache, frees what the windows no longer reach, starts the other
+samples of an n > 1 request from sample 0's blocks, appends each sample's tokens under the stop
+rules, keeps the accepted drafts and frees what finished. `add_drafts` decides which speculative
+tokens get slots.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from llmpipe.engine.block_manager import BlockManager
 from llmpipe.engine.sequence import Sequence, SequenceStatus
+
+if TYPE_CHECKING:
+    from llmpipe.engine.token_sampler import ModelOutput
+    from llmpipe.engine.stop_rules import StopRules
+    from llmpipe.spec import Proposal
 
 
 @dataclass
@@ -41,6 +47,10 @@ class SchedulerOutput:
     prefills: list[ScheduledChunk]
     # Speculative tokens a decode also feeds this step (verified together with its newest token).
     draft_token_ids: dict[Sequence, list[int]] = field(default_factory=dict)
+    proposals: dict[Sequence, Proposal] = field(default_factory=dict)  # those drafts as proposed
+    # Sample 0 of an n > 1 request whose prompt completes this step → the other samples, which draw
+    # their first token from its row and then run from its blocks.
+    forks: dict[Sequence, list[Sequence]] = field(default_factory=dict)
     # Block copies (source, destination) the runner makes before the forward: a prefix hit ending
     # inside a block, a forked sample's partial last block.
     block_copies: list[tuple[int, int]] = field(default_factory=list)
@@ -54,15 +64,22 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 is_ready: Callable[[Sequence], bool] = lambda seq: True):
-        """`is_ready`: whether a waiting sequence may start (False: its grammar still compiles)."""
+                 is_ready: Callable[[Sequence], bool] = lambda seq: True, stop_rules: StopRules | None = None,
+                 keep_kv: bool = True):
+        """`is_ready`: whether a waiting sequence may start (False: its grammar still compiles);
+        `stop_rules`: how sampled tokens are appended; `keep_kv` False: recompute every step."""
         self.blocks = block_manager
         self.is_ready = is_ready
+        self.stop_rules = stop_rules
+        self.keep_kv = keep_kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
+        self.release_hooks: list[Callable[[Sequence], None]] = []  # what else a finished sequence frees
         self.num_preemptions = 0
+        self.num_prefill_tokens = 0  # prompt tokens computed (prefix-cache hits excluded)
+        self.num_generation_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -108,6 +125,7 @@ class Scheduler:
         self.waiting.extendleft(reversed(held))
         out.num_held = len(held)
         out.block_copies = self.blocks.take_block_copies()
+        out.forks = {item.seq: item.seq.siblings for item in out.prefills if item.completes_prefill and item.seq.siblings}
         return out
 
     def add_drafts(self, out: SchedulerOutput, drafts: dict[Sequence, list[int]]) -> dict[Sequence, list[int]]:
@@ -119,15 +137,62 @@ class Scheduler:
                 out.draft_token_ids[seq] = kept[seq] = token_ids
         return kept
 
-    def update_from_output(self, out: SchedulerOutput) -> None:
-        """The batch was computed: its tokens' K/V are in the cache."""
+    def update_from_output(self, out: SchedulerOutput, model_output: ModelOutput) -> list[Sequence]:
+        """The batch was computed and sampled: apply it. Returns the sequences it advanced, in order."""
+        self._count_computed(out)
+        failed = self._fail_requests(model_output.failed_requests, out)
+        for seq, logprobs in model_output.prompt_logprobs.items():
+            if not seq.finished:
+                seq.add_prompt_logprobs(logprobs)
+        self._fork(out, model_output)
+        sampled = list(dict.fromkeys([*model_output.sampled, *model_output.failed]))
+        for seq in sampled:
+            if seq in model_output.failed:
+                seq.fail(model_output.failed[seq])
+            elif seq in model_output.sampled:
+                tokens = model_output.sampled[seq]
+                self.num_generation_tokens += self.stop_rules.emit(seq, tokens)
+                if seq in out.proposals and not seq.finished:
+                    self.accept_drafts(seq, len(tokens.token_ids) - 1)
+            if seq.finished:
+                self.release(seq)
+        if not self.keep_kv:
+            self.forget_computed(sampled)
+        return list(dict.fromkeys(sampled + [item.seq for item in out.prefills] + failed))
+
+    def _count_computed(self, out: SchedulerOutput) -> None:
+        """The batch's tokens' K/V are in the cache."""
         for seq in out.decodes:
             seq.num_computed_tokens += 1
         for item in out.prefills:
             item.seq.num_computed_tokens += item.num_tokens
+        self.num_prefill_tokens += sum(item.num_tokens for item in out.prefills)
         for seq in out.decodes + [item.seq for item in out.prefills]:
             self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
             self.blocks.free_unreachable(seq)  # at once, so usage and stats show what is held
+
+    def _fail_requests(self, errors: dict[str, str], out: SchedulerOutput) -> list[Sequence]:
+        """A request whose prompt logprobs failed fails whole: sample 0 and the samples that would start
+        from its blocks. Returns the samples failed."""
+        failed = []
+        for item in out.prefills:
+            if item.seq.request_id in errors:
+                for seq in (item.seq, *item.seq.siblings):
+                    if not seq.finished:
+                        seq.fail(errors[seq.request_id])
+                        self.release(seq)
+                        failed.append(seq)
+        return failed
+
+    def _fork(self, out: SchedulerOutput, model_output: ModelOutput) -> None:
+        """Sample 0 has prefilled the shared prompt: the other samples run from its blocks now, or, where
+        no block is free to copy into, queue to prefill on their own (their draw is then not used)."""
+        for parent, siblings in out.forks.items():
+            parent.siblings = []
+            for sibling in siblings:
+                if not sibling.finished and not self.fork(parent, sibling):
+                    model_output.sampled.pop(sibling, None)
+                    model_output.failed.pop(sibling, None)
 
     def forget_computed(self, seqs: list[Sequence]) -> None:
         """Recompute mode (no KV cache kept): these sampled sequences compute everything next step."""
@@ -178,10 +243,12 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def finish(self, seq: Sequence) -> None:
-        """Release a finished or aborted sequence's blocks at once."""
+    def release(self, seq: Sequence) -> None:
+        """Free a finished or aborted sequence's blocks (and what the hooks hold for it) at once."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free_sequence(seq)
+        for hook in self.release_hooks:
+            hook(seq)

@@ -41,6 +41,8 @@ class Sequence:
     new_logprobs: list[RawLogprob] | None = None  # of the tokens not yet sent (when logprobs were asked)
     num_prompt_logprobs: int = 0  # prompt positions (from 1) whose logprobs were computed
     new_prompt_logprobs: list[RawLogprob] | None = None  # of those, the ones not yet sent
+    # Sample 0 of an n > 1 request: the other samples, until they start from its prefilled prompt.
+    siblings: list[Sequence] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.all_token_ids = self.prompt_token_ids + self.output_token_ids
@@ -105,7 +107,6 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     sequences: list[Sequence]
-    forked: bool = False  # samples 1..n-1 start once sample 0 has prefilled the shared prompt
     first_scheduled_time: float | None = None
     scheduled_sent: bool = False  # first_scheduled_time went out with an output
 

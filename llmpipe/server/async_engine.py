@@ -15,7 +15,7 @@ import logging
 from typing import AsyncIterator, Callable
 
 from llmpipe.engine.admission import Admission, PromptInput
-from llmpipe.engine.core import EngineStats
+from llmpipe.engine.core_messages import EngineStats
 from llmpipe.engine.core_client import CoreClient
 from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
 from llmpipe.engine.output_processor import OutputProcessor

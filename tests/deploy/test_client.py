@@ -12,7 +12,7 @@ from llmpipe.deploy import client as client_module
 from llmpipe.deploy.client import DataParallelCoreClient
 from llmpipe.deploy.replica import ReplicaStep, encoder
 from llmpipe.deploy.router import RoundRobinRouter
-from llmpipe.engine.core import EngineStats
+from llmpipe.engine.core_messages import EngineStats
 from llmpipe.engine.core_messages import EngineCoreOutputs
 
 STATS = EngineStats(num_running=0, num_waiting=0, kv_cache_usage=0.0, num_blocks=8, num_free_blocks=8,

@@ -87,13 +87,13 @@ def test_prompt_logprobs_must_be_non_negative():
 def test_failing_prompt_logprobs_fail_every_sample_of_that_request_alone(path, monkeypatch, budget):
     """n > 1 samples start from sample 0's blocks: when its prompt logprobs fail, the whole request
     fails (no sibling forked from freed blocks, none left waiting forever); the others go on."""
-    from llmpipe.engine import core
+    from llmpipe.engine import token_sampler
 
     def failing(logprobs, targets, n):
         raise RuntimeError("injected")
 
     llm = LLM(path, progress=False, max_num_batched_tokens=budget)
-    monkeypatch.setattr(core, "ranked_logprobs", failing)
+    monkeypatch.setattr(token_sampler, "ranked_logprobs", failing)
     engine = llm.engine
     engine.add_request("bad", PROMPT, SamplingParams(n=2, max_tokens=4, prompt_logprobs=1, temperature=0.0))
     engine.add_request("good", PROMPT[:6], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))

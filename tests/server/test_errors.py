@@ -11,7 +11,7 @@ import pytest
 from fastapi.routing import APIRoute
 
 from llmpipe import LLM
-from llmpipe.engine.core import EngineCore
+from llmpipe.engine.stop_rules import StopRules
 from llmpipe.server.app import router
 from llmpipe.server.input_processor import MAX_JSON_DEPTH, InputProcessor
 from llmpipe.server.protocol import REQUESTS
@@ -193,14 +193,14 @@ def test_full_waiting_queue_is_503(tiny_path):
 def test_a_fault_in_one_request_fails_only_that_request(url, tiny_llm, monkeypatch):
     """A request whose token handling raises gets an error; one running beside it completes."""
     poison = 311
-    original = EngineCore._append_token
+    original = StopRules.append
 
     def faulty(self, seq, token):
         if seq.prompt_token_ids[-1] == poison and len(seq.output_token_ids) == 3:
             raise RuntimeError("injected fault")
         return original(self, seq, token)
 
-    monkeypatch.setattr(EngineCore, "_append_token", faulty)
+    monkeypatch.setattr(StopRules, "append", faulty)
     healthy = {"prompt": [1, 5, 9], "max_tokens": 40, "ignore_eos": True, "temperature": 0.0}
     results = {}
 
