@@ -6,62 +6,9 @@ import argparse
 import logging
 import sys
 
+from llmpipe.engine_args import add_engine_args, engine_kwargs
 from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import RequestMetrics
-
-
-# Engine flags: each maps to the EngineConfig field of the same name in snake_case.
-ENGINE_FLAGS: dict[str, dict] = {
-    "--dtype": dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help="auto: float32 compute, GGUF weights of the types the kernels run (NATIVE_FORMATS) kept quantized; "
-                         "an explicit dtype dequantizes them"),
-    "--quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
-                           choices=["auto", None, "int8", "int4"], help="weights: auto | none | int8 | int4"),
-    "--group-size": dict(type=int, default=128, choices=[32, 64, 128], help="int4 group size"),
-    "--kv-cache-dtype": dict(default="auto", choices=["auto", "int8", "int4"]),
-    "--float-batch-weights": dict(action="store_true", help="also keep quantized weights as float32 for batches of "
-                                  "several rows (prefill, many streams): ~2x their speed for ~4.8x the weight memory"),
-    "--activation-quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
-                                      choices=["auto", None, "int8", "int16"],
-                                      help="how quantized weights meet activations: int16 / int8 blocks in integer dot "
-                                           "products (int16: exact to float32 rounding; int8: llama.cpp's, approximate), "
-                                           "none: float activations (the exact reference); auto (default): int16 where "
-                                           "the integer-dot kernels run, else none"),
-    "--max-model-len": dict(type=int, default=None),
-    "--kv-cache-memory": dict(default="auto", help="KV cache budget: bytes or a size like 512MiB, 2GiB; auto: 1 GiB, "
-                              "or half the memory left beside the weights where that is less"),
-    "--max-num-blocks": dict(type=int, default=None, help="KV cache blocks (overrides --kv-cache-memory)"),
-    "--block-size": dict(type=int, default=16),
-    "--device": dict(default="cpu", help="cpu, or cuda / cuda:N (PyTorch's device)"),
-    "--max-num-seqs": dict(type=int, default=128),
-    "--max-num-batched-tokens": dict(type=int, default=2048),
-    "--max-decode-stall": dict(type=lambda v: None if v == "none" else float(v), default=None,
-                               help="keep a step with prefill beside decodes to ~this many decode steps of "
-                                    "the running and waiting sequences (none: no cap; `serve` default 2.5)"),
-    "--enable-prefix-caching": dict(action=argparse.BooleanOptionalAction, default=True),
-    "--disable-sliding-window": dict(action="store_true", help="full attention in every layer (to measure the window)"),
-    "--num-threads": dict(type=int, default=None),
-    "--speculative-method": dict(default=None, choices=["ngram", "draft"],
-                                 help="speculative decoding: ngram (prompt lookup) or draft (needs --speculative-model)"),
-    "--speculative-model": dict(default=None, help="draft model sharing the target's tokenizer (implies draft)"),
-    "--speculative-quantization": dict(default="auto", type=lambda v: None if v == "none" else v,
-                                       choices=["auto", None, "int8", "int4"], help="the draft's weights"),
-    "--num-speculative-tokens": dict(type=int, default=4, help="tokens proposed per step"),
-    "--prompt-lookup-min": dict(type=int, default=2, help="shortest n-gram the ngram method matches"),
-    "--prompt-lookup-max": dict(type=int, default=4, help="longest n-gram the ngram method matches"),
-    "--tensor-parallel-size": dict(type=int, default=1, help="shard the model over N processes (torch.distributed)"),
-    "--distributed-timeout-s": dict(type=float, default=120.0, help="a tensor-parallel rank silent this long is a failure"),
-}
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="alias, Hugging Face directory or .gguf file")
-    for flag, options in ENGINE_FLAGS.items():
-        parser.add_argument(flag, **options)
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict:
-    return {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag in ENGINE_FLAGS}
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -89,65 +89,71 @@ def _check_choice(name: str, value: Any, choices: tuple) -> None:
         raise InvalidRequestError(f"{name} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
+def option(default: Any, help: str, choices: tuple | None = None, cli: bool = True) -> Any:
+    """An EngineConfig field and its documentation, from which engine_args.py makes the `--its-name` flag
+    (`cli=False`: an option of the Python API only)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
+
+
 @dataclass
 class EngineConfig:
-    """Every engine option, named like its CLI flag in snake_case. Derived values are filled at load."""
+    """Every engine option, named like its CLI flag in snake_case (the flags are generated from these
+    fields: llmpipe/engine_args.py). Derived values are filled at load."""
 
-    model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"  # activations and float weights; "auto" = float32 (and GGUF block types kept quantized)
-    device: str = "cpu"
-    max_model_len: int | None = None  # default: the model's context length (capped by the KV pool)
-    kv_cache: bool = True  # False recomputes the whole sequence every step (for the benchmark)
-    # bytes, a string like "512MiB" / "2GiB", or "auto": 1 GiB where the machine has room beside the weights,
-    # else half of what it has left (loader/memory_check.auto_kv_pool)
-    kv_cache_memory: int | float | str = "auto"
-    max_num_blocks: int | None = None  # overrides kv_cache_memory
-    block_size: int = 16
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
-    # A step carrying prefill chunks beside running decodes is kept to about this many times a
-    # decode-only step of the running and waiting sequences (measured as it runs: engine/step_costs.py),
-    # so new prompts do not stall the streams; None gives prefill the whole token budget (`llmpipe
-    # serve` defaults to 2.5).
-    max_decode_stall: float | None = None
-    enable_prefix_caching: bool = True
-    # Every layer attends to (and caches) all tokens, ignoring the model's sliding windows: for
-    # measuring what the windows save; outputs differ once a sequence is longer than a window.
-    disable_sliding_window: bool = False
-    num_threads: int | None = None
-    seed: int = 0
-    # Weights: None keeps the checkpoint's precision in `dtype` ("auto" keeps the GGUF types of
-    # loader/gguf_weights.NATIVE_FORMATS quantized and dequantizes everything else); "int8" / "int4"
-    # quantize at load (round-to-nearest).
-    quantization: str | None = "auto"
-    group_size: int = 128  # int4 group along the input dimension
-    kv_cache_dtype: str = "auto"  # "auto" (= dtype), "int8", "int4"
-    # "int8" / "int16": quantized layers quantize activations to 8- or 16-bit blocks for integer dot
-    # products (int8 as llama.cpp does; int16 within float32 rounding of exact: the same perplexity
-    # and greedy tokens) in every row of an engine step, prefill too (scoring a text keeps the exact
-    # GEMM past 32 rows with int16); None keeps float activations (exact). "auto": int16 where the
-    # integer-dot kernels run (as fast as int8 on AVX2 and AVX-512 alike, 1.5x the float path), else None.
-    activation_quantization: str | None = "auto"
-    # True: quantized layers also keep their weights dequantized to float32 and multiply batches of
-    # FLOAT_BATCH_MIN_ROWS rows or more (prefill, big decode batches) with them: the float GEMM,
-    # the same weight values, for ~4.8x the weight memory of Q4. Batch-1 decode keeps the codes. With
-    # activation quantization an engine step's rows take the integer kernels anyway (faster on every
-    # CPU measured); the copy then serves scoring only (engine.score, prompt logprobs).
-    float_batch_weights: bool = False
-    # Ranks the model is sharded over (llmpipe.distributed); kv_cache_memory and num_threads are
-    # then per rank (num_threads default: this machine's threads shared out among the ranks).
-    tensor_parallel_size: int = 1
-    distributed_timeout_s: float = 120.0  # a collective (or a rank) taking longer is a failure
-    # Speculative decoding: "ngram" (prompt lookup) or "draft" (speculative_model decodes the
-    # proposals; the default method when a speculative_model is given). None turns it off.
-    speculative_method: str | None = None
-    speculative_model: str | None = None
-    speculative_quantization: str | None = "auto"  # the draft's weights, as `quantization`
-    num_speculative_tokens: int = 4  # k: tokens proposed per step
-    prompt_lookup_min: int = 2  # n-gram sizes the ngram method matches, longest first
-    prompt_lookup_max: int = 4
+    model: str = option("smollm2-135m-instruct", "alias, Hugging Face directory or .gguf file")
+    dtype: str = option("auto", "activations and float weights: auto = float32, with GGUF weights of the types "
+                        "the kernels run (NATIVE_FORMATS) kept quantized; an explicit dtype dequantizes them",
+                        tuple(DTYPES))
+    device: str = option("cpu", "cpu, or cuda / cuda:N (PyTorch's device)")
+    max_model_len: int | None = option(None, "context length (default: the model's, capped by the KV pool)")
+    kv_cache: bool = option(True, "False recomputes the whole sequence every step (for the benchmark)", cli=False)
+    kv_cache_memory: int | float | str = option(
+        "auto", "KV cache budget: bytes or a size like 512MiB, 2GiB; auto: 1 GiB, or half the memory left beside "
+        "the weights where that is less (loader/memory_check.auto_kv_pool)")
+    max_num_blocks: int | None = option(None, "KV cache blocks (overrides --kv-cache-memory)")
+    block_size: int = option(16, "tokens per KV cache block")
+    max_num_seqs: int = option(128, "sequences running at once at most")
+    max_num_batched_tokens: int = option(2048, "tokens one step computes at most")
+    max_decode_stall: float | None = option(
+        None, "keep a step with prefill chunks beside running decodes to about this many times a decode-only step "
+        "of the running and waiting sequences (measured as it runs: engine/step_costs.py), so new prompts do not "
+        "stall the streams; none: prefill takes the whole token budget (`serve` default 2.5)")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes computed before")
+    disable_sliding_window: bool = option(
+        False, "full attention in every layer, ignoring the model's sliding windows (to measure what they save; "
+        "outputs differ once a sequence is longer than a window)")
+    num_threads: int | None = option(None, "compute threads (default: PyTorch's)")
+    seed: int | None = option(None, "seeds torch's generator when the engine starts, as vLLM's LLM(seed=...): what "
+                              "requests without a seed of their own draw from (a request's seed: SamplingParams)", cli=False)
+    quantization: str | None = option(
+        "auto", "weights: auto keeps the GGUF types of loader/gguf_weights.NATIVE_FORMATS quantized and dequantizes "
+        "the rest; none keeps the checkpoint's precision in --dtype; int8 / int4 quantize at load (round to "
+        "nearest)", QUANTIZATION_CHOICES)
+    group_size: int = option(128, "int4 group along the input dimension", INT4_GROUP_SIZES)
+    kv_cache_dtype: str = option("auto", "KV cache: auto (= dtype), int8 or int4", KV_CACHE_DTYPES)
+    activation_quantization: str | None = option(
+        "auto", "how quantized weights meet activations: int16 / int8 blocks in integer dot products, in every row "
+        "of a step (int16: exact to float32 rounding, the same perplexity and greedy tokens; int8: llama.cpp's, "
+        "approximate); none: float activations (the exact reference); auto: int16 where the integer-dot kernels "
+        "run, else none", ACTIVATION_QUANTIZATIONS)
+    float_batch_weights: bool = option(
+        False, "also keep quantized weights as float32 for batches of FLOAT_BATCH_MIN_ROWS rows or more: the "
+        "float GEMM on the same weight values, for ~4.8x the weight memory of Q4 (with activation quantization "
+        "it serves scoring only: engine.score, prompt logprobs)")
+    tensor_parallel_size: int = option(
+        1, "shard the model over N processes (torch.distributed); --kv-cache-memory and --num-threads are then per "
+        "rank (threads default: this machine's shared out among the ranks)")
+    distributed_timeout_s: float = option(120.0, "a collective (or a tensor-parallel rank) silent this long is a failure")
+    speculative_method: str | None = option(
+        None, "speculative decoding: ngram (prompt lookup) or draft (--speculative-model decodes the proposals; "
+        "the default when a speculative model is given); none: off", SPECULATIVE_METHODS)
+    speculative_model: str | None = option(None, "draft model sharing the target's tokenizer (implies draft)")
+    speculative_quantization: str | None = option("auto", "the draft's weights, as --quantization", QUANTIZATION_CHOICES)
+    num_speculative_tokens: int = option(4, "k: tokens proposed per step")
+    prompt_lookup_min: int = option(2, "shortest n-gram the ngram method matches")
+    prompt_lookup_max: int = option(4, "longest n-gram the ngram method matches (tried first)")
     # Filled from the checkpoint at load time.
-    model_config: ModelConfig | None = field(default=None, repr=False)
+    model_config: ModelConfig | None = field(default=None, repr=False, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -1,6 +1,5 @@
-"""Shared fixtures: the embedded SmolLM2 GGUF and tiny random-weight transformers checkpoints.
-
-Tiny checkpoints are built once per test session (config → model → save_pretrained) and cached.
+"""Shared fixtures: the embedded SmolLM2 GGUF, Gemma 3, and tiny random-weight transformers checkpoints
+(tests/utils.py builds them), each made once per test session and cached.
 """
 
 from __future__ import annotations
@@ -10,53 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.utils import TINY_DEEPSEEK_V4, build_tiny_checkpoint, save_tiny_tokenizer, tiny_deepseek_v4_model
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-# Small but complete configurations of every Llama-family architecture llmpipe serves.
-TINY_COMMON = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=112,
-    num_hidden_layers=2,
-    max_position_embeddings=1024,
-    bos_token_id=1,
-    eos_token_id=2,
-)
-TINY_CONFIGS: dict[str, tuple[str, dict]] = {
-    "llama_gqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
-    "llama_mha": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)),
-    "llama_mqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=1)),
-    "llama3_rope": (
-        "LlamaConfig",
-        dict(
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            rope_theta=500000.0,
-            rope_scaling=dict(
-                rope_type="llama3",
-                factor=8.0,
-                low_freq_factor=1.0,
-                high_freq_factor=4.0,
-                original_max_position_embeddings=64,
-            ),
-        ),
-    ),
-    "mistral": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=None)),
-    # Window smaller than the test prompts, so it cuts in during prefill and decode.
-    "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12)),
-    "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
-    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
-    # Layers 0-4 local (window 16, shorter than the test prompts), layer 5 global; every Gemma 3 knob set.
-    "gemma3": (
-        "Gemma3TextConfig",
-        dict(num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, head_dim=32, sliding_window=16,
-             query_pre_attn_scalar=24, final_logit_softcapping=5.0,
-             rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
-                              "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}),
-    ),
-}
 
 
 @pytest.fixture(scope="session")
@@ -82,31 +38,6 @@ def gemma3_llm(gemma3_gguf):
     return LLM(str(gemma3_gguf), progress=False, quantization=None)
 
 
-def build_tiny_checkpoint(name: str, out_dir: Path) -> Path:
-    class_name, extra = TINY_CONFIGS[name]
-    return build_checkpoint(class_name, extra, out_dir)
-
-
-def build_checkpoint(class_name: str, extra: dict, out_dir: Path) -> Path:
-    """A random-weight checkpoint of transformers' `class_name` (TINY_COMMON overridden by `extra`)."""
-    import transformers
-
-    config = getattr(transformers, class_name)(**{**TINY_COMMON, **extra})
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Random init leaves tiny weights whose logits are nearly uniform; widen them so greedy
-    # decoding has clear winners and a comparison of tokens means something.
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.08)
-            elif config.model_type.startswith("gemma"):  # its norms scale by 1 + weight, zero at init
-                param.normal_(0.0, 0.2)
-    model.save_pretrained(out_dir)
-    save_tiny_tokenizer(out_dir, TINY_COMMON["vocab_size"])
-    return out_dir
-
-
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Factory: tiny_checkpoint("qwen2") → path of a saved random-weight HF directory (cached)."""
@@ -118,51 +49,6 @@ def tiny_checkpoint(tmp_path_factory):
         return cache[name]
 
     return make
-
-
-# DeepSeek V4 at its smallest, every kind of part in it: a window-only layer, two CSA layers (ratio 4) and
-# an HCA one (ratio 16), all with an 8-token window; an indexer keeping 4 entries (16 index heads: an exact
-# tie between ReLU scores all but impossible); a hash-routed MoE layer, then three top-k ones (4 experts,
-# 2 per token); 3 hyper-connection streams (with 2, every doubly stochastic mix is symmetric); RoPE on the
-# last 8 of 32 channels per head, YaRN (factor 4) on the compressed layers; a SwiGLU clamp (1.0) low
-# enough to cut in.
-TINY_DEEPSEEK_V4 = dict(
-    vocab_size=TINY_COMMON["vocab_size"], hidden_size=64, moe_intermediate_size=48, num_hidden_layers=4,
-    num_attention_heads=4, head_dim=32, partial_rotary_factor=0.25, q_lora_rank=32, o_groups=2, o_lora_rank=16,
-    layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
-                 "compressed_sparse_attention"],
-    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
-    sliding_window=8, index_n_heads=16, index_head_dim=16, index_topk=4,
-    mlp_layer_types=["hash_moe", "moe", "moe", "moe"], n_routed_experts=4, num_experts_per_tok=2, swiglu_limit=1.0,
-    hc_mult=3, max_position_embeddings=512,
-    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
-    bos_token_id=TINY_COMMON["bos_token_id"], eos_token_id=TINY_COMMON["eos_token_id"],
-)
-
-
-def tiny_deepseek_v4_model(seed: int = 0, **overrides):
-    """transformers' DeepseekV4ForCausalLM (float32) of TINY_DEEPSEEK_V4 + overrides, every weight random and
-    mattering: matrices widened, norms near 1, random sinks, position biases, hyper-connection biases and
-    scales and router correction biases (all zero at init), and a tid2eid of distinct random experts per token."""
-    import transformers
-
-    config = transformers.DeepseekV4Config(**{**TINY_DEEPSEEK_V4, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.1)
-            elif param.dim() > 1 and not name.endswith("position_bias"):
-                param.normal_(0.0, 0.08)
-            else:
-                param.normal_(0.0, 0.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.normal_(0.0, 0.3)
-            elif name.endswith("tid2eid"):
-                buffer.copy_(torch.rand(buffer.shape[0], config.n_routed_experts).argsort(-1)[:, : buffer.shape[1]])
-    return model
 
 
 @pytest.fixture(scope="session")
@@ -181,33 +67,3 @@ def tiny_deepseek_v4(tmp_path_factory):
         return cache[key]
 
     return make
-
-
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def save_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """A byte-level BPE trained on a little text, saved as tokenizer.json + tokenizer_config.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    corpus = ["the quick brown fox jumps over the lazy dog", "how does inference work?"] * 50
-    backend.train_from_iterator(corpus, trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    tok.chat_template = TINY_CHAT_TEMPLATE
-    tok.save_pretrained(out_dir)

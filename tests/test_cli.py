@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -68,3 +69,34 @@ def test_engine_flags_reach_the_engine(tiny_checkpoint):
     tiny_pool = run_cli("generate", "the quick brown fox jumps over the lazy dog", "--model",
                         str(tiny_checkpoint("llama_gqa")), "--no-chat", "--max-num-blocks", "1", "--block-size", "4")
     assert tiny_pool.returncode == 1 and "context limit" in tiny_pool.stderr
+
+
+def test_the_docs_table_every_engine_option_as_engine_config_defines_it():
+    """docs/getting-started.md's options table is engine_args.options_table(), row for row."""
+    from llmpipe.engine_args import options_table
+
+    doc = (Path(__file__).parents[1] / "docs" / "getting-started.md").read_text()
+    for row in options_table():
+        assert row in doc, row
+
+
+def test_engine_flags_are_generated_from_engine_config_with_its_defaults():
+    """Every command's engine flags parse to EngineConfig's own defaults, and `none` to None."""
+    import argparse
+    import dataclasses
+
+    from llmpipe.config import EngineConfig
+    from llmpipe.engine_args import add_engine_args, engine_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    defaults = EngineConfig()
+    kwargs = engine_kwargs(parser.parse_args([]))
+    cli = {f.name for f in dataclasses.fields(EngineConfig) if f.metadata.get("cli", True)} - {"model"}
+    assert set(kwargs) == cli and {"kv_cache", "seed", "model_config"}.isdisjoint(kwargs)
+    assert kwargs == {name: getattr(defaults, name) for name in cli}
+    parsed = engine_kwargs(parser.parse_args(["--quantization", "none", "--max-decode-stall", "2.5", "--max-model-len",
+                                              "64", "--no-enable-prefix-caching", "--float-batch-weights"]))
+    assert parsed == {**kwargs, "quantization": None, "max_decode_stall": 2.5, "max_model_len": 64,
+                           "enable_prefix_caching": False, "float_batch_weights": True}
+    EngineConfig(**parsed)  # valid as parsed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from llmpipe.cli import ENGINE_FLAGS
+from llmpipe.engine_args import add_engine_arg
 
 
 def add_bench_parser(sub) -> None:
@@ -68,7 +68,7 @@ def add_bench_parser(sub) -> None:
     tput.add_argument("--model", default="smollm2-135m-instruct")
     tput.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"],
                       help="auto: a GGUF's quantized weights kept as stored (float32 dequantizes them)")
-    tput.add_argument("--activation-quantization", **ENGINE_FLAGS["--activation-quantization"])
+    add_engine_arg(tput, "activation_quantization")
     tput.add_argument("--num-prompts", type=int, default=64)
     tput.add_argument("--input-len", type=int, default=128)
     tput.add_argument("--output-len", type=int, default=128)

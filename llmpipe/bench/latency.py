@@ -92,7 +92,7 @@ def bench_variant(args, variant: Variant, prompts: dict) -> dict:
     result: dict = {"variant": variant.name, "weight_bytes": llm.engine.weight_bytes,
                     "kv_bytes_per_token": llm.engine.stats().kv_bytes_per_token}
     if variant.tensor_parallel_size > 1:  # the ranks share one memory bus: the roofline counts every shard
-        ranks = llm.engine.runner.rank_memory()
+        ranks = llm.engine.rank_memory()
         result |= {"weight_bytes": sum(r.weight_bytes for r in ranks),
                    "weight_bytes_per_rank": [r.weight_bytes for r in ranks]}
     if variant.kv_cache:

@@ -116,7 +116,7 @@ def measure_load(path: str, kv_cache_memory: str, phases: bool = False, **engine
         "rss_after": after["VmRSS"] * 1024,
         "anon_after": after["RssAnon"] * 1024,
         "file_rss_after": after["RssFile"] * 1024,
-        "weight_bytes": llm.engine.core.weight_bytes if hasattr(llm.engine, "core") else None,
+        "weight_bytes": llm.engine.weight_bytes,
     }
     if phases:
         result["phase_peaks"] = sampler.peaks

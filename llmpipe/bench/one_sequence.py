@@ -20,7 +20,7 @@ def measure(engine: LLMEngine, context: int, decode_tokens: int, request_id: str
                        SamplingParams(temperature=0.0, max_tokens=decode_tokens + 1, ignore_eos=True))
     steps, prefill_s, held, tokens = [], 0.0, 0, 0
     while engine.has_unfinished_requests():
-        decoding = bool(engine.scheduler.running) and not engine.scheduler.running[0].in_prefill
+        decoding = bool(engine.core.scheduler.running) and not engine.core.scheduler.running[0].in_prefill
         start = time.perf_counter()
         engine.step()
         elapsed = time.perf_counter() - start
@@ -30,7 +30,7 @@ def measure(engine: LLMEngine, context: int, decode_tokens: int, request_id: str
             prefill_s += elapsed
         per_seq = engine.stats().kv_bytes_per_seq
         if request_id in per_seq:
-            seq = next(s for s in engine.scheduler.running if s.request_id == request_id)
+            seq = next(s for s in engine.core.scheduler.running if s.request_id == request_id)
             held, tokens = per_seq[request_id], seq.num_computed_tokens
     return {"kv_bytes_per_seq": held, "tokens": tokens, "prefill_s": prefill_s,
             "decode_itl_ms": 1000 * statistics.median(steps)}

@@ -23,6 +23,7 @@ import numpy as np
 
 from llmpipe.bench.report import format_table, random_prompt, write_json
 from llmpipe.errors import LLMPipeError
+from llmpipe.server.sse import sse_lines
 
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
@@ -54,6 +55,16 @@ async def poisson_arrivals(
         yield i
 
 
+async def stream_lines(response: httpx.Response) -> AsyncIterator[str]:
+    buffer = ""
+    async for text in response.aiter_text():
+        lines, buffer = sse_lines(buffer, text)
+        for line in lines:
+            yield line
+    if buffer:
+        yield buffer
+
+
 async def send_request(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
     result = RequestResult()
     start = last = time.perf_counter()
@@ -63,7 +74,7 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict) -> Reque
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread()).decode()[:200]}"
                 return result
-            async for line in response.aiter_lines():
+            async for line in stream_lines(response):
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
                 data = json.loads(line[len("data: ") :])

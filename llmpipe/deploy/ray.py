@@ -107,7 +107,7 @@ def _ingress_class():
 def build_app(args: dict[str, Any]):
     """Ray Serve application builder: `args` are `llmpipe serve` options by name (data_parallel_size,
     routing, model, tensor_parallel_size, num_threads, api_key, …)."""
-    from llmpipe.cli import engine_kwargs
+    from llmpipe.engine_args import engine_kwargs
 
     options = serve_options(args)
     kwargs = dict(engine_kwargs(options), model=options.model)
@@ -120,7 +120,7 @@ WORKER_NICENESS = "RAY_worker_niceness"  # Ray's setting, read from the environm
 
 def start_replicas(options: argparse.Namespace, before_step: Callable[[], None] | None = None) -> list:
     """Ray on this machine (or the cluster RAY_ADDRESS names), the replicas running, their handles."""
-    from llmpipe.cli import engine_kwargs
+    from llmpipe.engine_args import engine_kwargs
 
     ray, serve = require_ray()
     if not ray.is_initialized():

@@ -16,7 +16,7 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
 def add_diagnose_parser(sub) -> None:
-    from llmpipe.cli import add_engine_args
+    from llmpipe.engine_args import add_engine_args
 
     p = sub.add_parser("diagnose", help="time split, rates vs this machine's limits, verdict and levers")
     add_engine_args(p)
@@ -68,7 +68,7 @@ def cmd_diagnose(args: argparse.Namespace) -> None:
 
 
 def _diagnose_local(args: argparse.Namespace) -> tuple[Diagnosis, str]:
-    from llmpipe.cli import engine_kwargs
+    from llmpipe.engine_args import engine_kwargs
     from llmpipe.diagnose.local import engine_setup, measure_limits, run_probe
     from llmpipe.llm import LLM
 

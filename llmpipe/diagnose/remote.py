@@ -20,6 +20,7 @@ import httpx
 
 from llmpipe.diagnose.report import TimeSplit, Workload
 from llmpipe.errors import LLMPipeError
+from llmpipe.server.sse import sse_lines
 
 logger = logging.getLogger(__name__)
 
@@ -88,9 +89,12 @@ class RemoteServer:
                 if response.status_code != 200:
                     response.read()
                     self._json(response)
-                for line in response.iter_lines():
-                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                        _record_chunk(timing, json.loads(line[5:]), self.clock())
+                buffer = ""
+                for text in response.iter_text():
+                    lines, buffer = sse_lines(buffer, text)
+                    for line in lines:
+                        if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                            _record_chunk(timing, json.loads(line[5:]), self.clock())
         except httpx.HTTPError as exc:
             raise LLMPipeError(f"{self.base_url}: {exc}") from exc
         timing.end = self.clock()

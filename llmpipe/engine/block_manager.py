@@ -122,12 +122,12 @@ class BlockManager:
             for block_id in table.ids:
                 self.pool.ref(block_id)
         seq.block_tables = hit.tables
-        seq.num_cached_tokens = seq.num_computed_tokens = hit.num_tokens
+        seq.num_cached_tokens = hit.num_tokens  # computed too: the scheduler counts them
         seq.num_hashed_blocks = hit.num_tokens // self.block_size
         if self.enable_prefix_caching:
             self.prefix_queries += (len(seq.all_token_ids) - 1) // self.block_size
             self.prefix_hits += seq.num_hashed_blocks
-        self.reserve(seq, num_new_tokens)
+        self.reserve(seq, num_new_tokens, start=hit.num_tokens)
         for spec, table, source in zip(self.specs, seq.block_tables, hit.partials):
             own = table.ids[seq.num_hashed_blocks // spec.span - table.offset] if source is not None else None
             if own is not None and own != source:
@@ -145,9 +145,9 @@ class BlockManager:
         new = sum(g.missing(t, start, start + num_new_tokens) for g, t in zip(self.groups, seq.block_tables))
         return new <= self.pool.num_free_blocks
 
-    def reserve(self, seq: PagedSequence, num_new_tokens: int) -> None:
-        """Blocks for positions num_computed_tokens .. + num_new_tokens - 1 in every group."""
-        start = seq.num_computed_tokens
+    def reserve(self, seq: PagedSequence, num_new_tokens: int, start: int | None = None) -> None:
+        """Blocks for positions start (by default num_computed_tokens) .. + num_new_tokens - 1 in every group."""
+        start = seq.num_computed_tokens if start is None else start
         for group, table in zip(self.groups, seq.block_tables):
             group.reserve(table, start, start + num_new_tokens)
 

@@ -48,6 +48,8 @@ class EngineCore:
         config = replace(config)  # resolved here (the checkpoint's config, max_model_len): the caller's stays as given
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
         self.config = config
         self.executor = Executor(config, progress)
         # What the engine's users read of the model side.

@@ -34,12 +34,17 @@ class LLMEngine:
         self.admission = Admission(self.tokenizer, resolved.max_model_len, resolved.model_config.vocab_size)
         self.output_processor = OutputProcessor(self.tokenizer)
 
-    def __getattr__(self, name: str):
-        """The core's state (model, config, runner, scheduler, kv_layout, …), as tests, benchmarks and
-        diagnosis read it."""
-        if name == "core":  # not built yet: __init__ failed part-way
-            raise AttributeError(name)
-        return getattr(self.core, name)
+    # What benchmarks, diagnosis and evaluation read of the engine (the core's other state: `core`).
+    config = property(lambda self: self.core.config)  # as the core resolved it
+    model = property(lambda self: self.core.model)
+    weight_bytes = property(lambda self: self.core.weight_bytes)
+    eos_token_ids = property(lambda self: self.core.eos_token_ids)
+    kv_layout = property(lambda self: self.core.kv_layout)
+
+    def rank_memory(self) -> list | None:
+        """Each tensor-parallel rank's memory (None on one process)."""
+        rank_memory = getattr(self.core.runner, "rank_memory", None)
+        return rank_memory() if rank_memory is not None else None
 
     checkpoint_path = property(lambda self: self.core.checkpoint.path)
     file_bytes = property(lambda self: self.core.checkpoint.file_bytes)

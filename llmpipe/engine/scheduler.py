@@ -118,6 +118,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.blocks.allocate(seq, hit, n)
+            seq.num_computed_tokens = hit.num_tokens  # the prefix cache's blocks hold them
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.prefills.append(ScheduledChunk(seq, n))

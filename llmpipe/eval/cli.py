@@ -15,7 +15,7 @@ QUANTIZED_PREFILL = ("score with quantized activations at every position (prefil
 
 
 def add_eval_parser(sub) -> None:
-    from llmpipe.cli import add_engine_args
+    from llmpipe.engine_args import add_engine_args
 
     evals = sub.add_parser("eval", help="measure model quality").add_subparsers(dest="eval", required=True)
     ppl = evals.add_parser("perplexity", help="sliding-window perplexity (Hugging Face's strided method)")
@@ -40,7 +40,7 @@ def add_eval_parser(sub) -> None:
 
 def _engine_and_text(args: argparse.Namespace, reference: bool = False):
     """The engine the flags describe (the reference: with float activations) and the text's token ids."""
-    from llmpipe.cli import engine_kwargs
+    from llmpipe.engine_args import engine_kwargs
     from llmpipe.config import EngineConfig
     from llmpipe.engine.engine import LLMEngine
     from llmpipe.errors import InvalidRequestError

@@ -50,10 +50,10 @@ def quantize_layers(engine, samples: torch.Tensor, quantize_layer: LayerQuantize
     seq_len = samples.shape[1]
     results: dict[str, Int4Weight] = {}
     with engine.scratch_blocks([0] * seq_len) as block_tables:
-        metas = engine.runner.prefill_metadata(block_tables, seq_len)  # one per layer
+        metas = engine.core.runner.prefill_metadata(block_tables, seq_len)  # one per layer
         hidden = [model.model.embed_tokens(ids) for ids in samples]
         rope = model.model.rotary.tables(torch.arange(seq_len), hidden[0].dtype)
-        layers = zip(model.model.layers, engine.runner.kv_cache.layers, metas)
+        layers = zip(model.model.layers, engine.core.runner.kv_cache.layers, metas)
         for i, (layer, kv_cache, meta) in enumerate(tqdm(layers, total=len(model.model.layers), desc=desc, unit="layer")):
 
             def run(observe: Observer, layer=layer, kv_cache=kv_cache, meta=meta) -> None:

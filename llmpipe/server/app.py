@@ -12,7 +12,6 @@ never stalls /health or another client's stream.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +37,7 @@ from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import Format
 from llmpipe.server.responses import ResponseShape
+from llmpipe.server.sse import sse_json
 from llmpipe.structured_output.sandbox import grammar_sandbox
 from llmpipe.server.protocol import (
     REQUESTS,
@@ -131,7 +131,7 @@ class _EngineStreamResponse(StreamingResponse):
 
 
 def _event(data: dict) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {sse_json(data)}\n\n"
 
 
 async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:

@@ -12,7 +12,7 @@ from llmpipe.tool_parsers import TOOL_PARSERS
 
 
 def add_serve_parser(sub) -> None:
-    from llmpipe.cli import add_engine_args
+    from llmpipe.engine_args import add_engine_args
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server with /metrics and a web playground")
     serve.add_argument("--host", default="127.0.0.1")
@@ -70,7 +70,7 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
         signal.signal(sig, signal.default_int_handler)
     import uvicorn
 
-    from llmpipe.cli import engine_kwargs
+    from llmpipe.engine_args import engine_kwargs
     from llmpipe.config import EngineConfig
     from llmpipe.engine.core_client import ProcessCoreClient
     from llmpipe.loader import load_checkpoint

@@ -13,7 +13,6 @@ No state is kept between responses: `previous_response_id` and `store: true` are
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator
@@ -21,6 +20,7 @@ from typing import Any, AsyncIterator
 
 from llmpipe.errors import InvalidRequestError
 from llmpipe.server.protocol import ResponsesRequest
+from llmpipe.server.sse import sse_json
 
 CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens", "messages": "input",
                "response_format": "text.format", "top_logprobs": "top_logprobs"}
@@ -121,7 +121,7 @@ class _EventStream:
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        return f"event: {kind}\ndata: {sse_json(data)}\n\n"
 
     @property
     def index(self) -> int:

@@ -1,7 +1,7 @@
 import pytest
 
 from llmpipe import LLM
-from tests.server.conftest import live_server
+from tests.server.utils import live_server
 
 
 @pytest.fixture(scope="module")

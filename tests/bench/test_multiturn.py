@@ -13,7 +13,7 @@ import pytest
 from llmpipe.bench.multiturn import (back_to_back, compare, interleaved, parse_prefix_cache, system_prompt,
                                      user_message)
 from llmpipe.cli import main
-from tests.server.conftest import metric
+from tests.server.utils import metric
 
 CONVERSATIONS, TURNS, MAX_TOKENS = 2, 3, 4
 

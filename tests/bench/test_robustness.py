@@ -2,7 +2,7 @@
 
 from llmpipe import LLM
 from llmpipe.bench.robustness import probe, stalled_headers
-from tests.server.conftest import live_server, paced
+from tests.server.utils import live_server, paced
 
 
 def test_a_probe_reports_the_answer_health_polls_and_stream_gaps(tiny_checkpoint):

@@ -12,7 +12,7 @@ import pytest
 
 from llmpipe.bench.serve import RequestResult, poisson_arrivals, summarize
 from llmpipe.cli import main
-from tests.server.conftest import metric
+from tests.server.utils import metric
 
 NUM, INPUT_LEN, OUTPUT_LEN = 6, 12, 5
 

@@ -26,7 +26,7 @@ from llmpipe.deploy.replica import info_decoder  # noqa: E402
 from llmpipe.deploy.router import make_router  # noqa: E402
 from llmpipe.loader import load_checkpoint  # noqa: E402
 from llmpipe.server.async_engine import AsyncEngine  # noqa: E402
-from tests.server.conftest import live_server, paced, wait_until as server_wait_until  # noqa: E402
+from tests.server.utils import live_server, paced, wait_until as server_wait_until  # noqa: E402
 
 HANG_GUARD_S = 180.0
 # Ray Serve's replacement of a killed replica on a loaded 2-core CI machine: a Ray worker process to

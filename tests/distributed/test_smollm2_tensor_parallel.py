@@ -17,7 +17,7 @@ def test_smollm2_greedy_tokens_match_the_single_process_engine(smollm2_gguf):
     expected = single.generate(PROMPTS, GREEDY, use_tqdm=False)
     with LLM(str(smollm2_gguf), tensor_parallel_size=2, **options) as parallel:
         actual = parallel.generate(PROMPTS, GREEDY, use_tqdm=False)
-        ranks = parallel.engine.runner.rank_memory()
+        ranks = parallel.engine.core.runner.rank_memory()
     for ours, theirs in zip(expected, actual):
         assert_same_or_near_tie(single, ours.prompt_token_ids, ours.outputs[0].token_ids, theirs.outputs[0].token_ids)
     full = single.engine.weight_bytes

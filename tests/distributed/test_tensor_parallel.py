@@ -66,14 +66,14 @@ def test_prefill_logits_match_to_float32_rounding(pair):
 
 def test_each_rank_holds_half_the_weights_and_its_kv_heads(pair):
     single, parallel = pair
-    ranks = parallel.engine.runner.rank_memory()
+    ranks = parallel.engine.core.runner.rank_memory()
     full = single.engine.weight_bytes
     for rank in ranks:  # everything is split but the norms (replicated, a few percent of these tiny models)
         assert 0.45 * full <= rank.weight_bytes <= 0.55 * full, (rank, full)
     assert parallel.engine.weight_bytes == ranks[0].weight_bytes
     kv_heads = single.engine.config.model_config.num_key_value_heads
-    full_kv = sum(t.numel() * t.element_size() for t in single.engine.runner.kv_cache.tensors)
+    full_kv = sum(t.numel() * t.element_size() for t in single.engine.core.runner.kv_cache.tensors)
     for rank in ranks:  # the same number of blocks, each holding this rank's KV heads (replicated below 2)
-        assert rank.num_blocks == single.engine.block_manager.num_blocks
+        assert rank.num_blocks == single.engine.core.block_manager.num_blocks
         assert rank.kv_cache_bytes == full_kv * max(1, kv_heads // 2) // kv_heads
-    assert parallel.engine.block_bytes * kv_heads == single.engine.block_bytes * max(1, kv_heads // 2)
+    assert parallel.engine.core.block_bytes * kv_heads == single.engine.core.block_bytes * max(1, kv_heads // 2)

@@ -36,7 +36,7 @@ def test_killed_worker_stops_the_engine_with_a_clear_error_and_no_process_left(t
     actual = llm.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)[0]
     assert_same_or_near_tie(llm, PROMPT, expected.outputs[0].token_ids, actual.outputs[0].token_ids)
 
-    engine, pids = llm.engine, llm.engine.runner.worker_pids
+    engine, pids = llm.engine, llm.engine.core.runner.worker_pids
     engine.add_request("long", {"prompt_token_ids": PROMPT}, LONG)
     for _ in range(3):
         engine.step()
@@ -56,7 +56,7 @@ def test_killed_worker_stops_the_engine_with_a_clear_error_and_no_process_left(t
 
 def test_dropping_the_llm_stops_its_workers(tiny_checkpoint):
     llm = LLM(str(tiny_checkpoint("llama_gqa")), tensor_parallel_size=2, **OPTIONS)
-    pids = llm.engine.runner.worker_pids
+    pids = llm.engine.core.runner.worker_pids
     assert pids and not any(gone(pid) for pid in pids)
     del llm
     gc.collect()

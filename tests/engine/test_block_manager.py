@@ -66,6 +66,7 @@ class World:
         if not self.bm.can_allocate(seq, hit, len(seq.tokens) - hit.num_tokens):
             return False
         self.bm.allocate(seq, hit, len(seq.tokens) - hit.num_tokens)
+        seq.num_computed_tokens = hit.num_tokens  # as the scheduler counts a hit
         self.make_copies()
         self.live.append(seq)
         self.compute(seq)

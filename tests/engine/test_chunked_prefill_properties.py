@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.config import EngineConfig
-from tests.conftest import build_checkpoint
+from tests.utils import build_checkpoint
 from tests.engine_helpers import NEAR_TIE
 from tests.loader.gguf_helpers import hf_metadata, hf_tensors, write_gguf
 from tests.models.test_llama_decode_step import with_half_group_down_projections

@@ -55,13 +55,13 @@ def test_a_sequence_holds_the_blocks_its_layout_implies(tiny_deepseek_v4):
     held = {}
     while engine.has_unfinished_requests():
         engine.step()
-        seq = engine.scheduler.running[0] if engine.scheduler.running else None
+        seq = engine.core.scheduler.running[0] if engine.core.scheduler.running else None
         if seq is not None and not seq.in_prefill:
             held[seq.num_computed_tokens] = engine.stats().kv_bytes_per_seq["r"]
     assert held and all(held[n] == engine.kv_bytes_per_sequence(n) for n in held)
     # Past the windows a sequence grows only by entry pages: 40 more tokens cost a few entry blocks at most.
     first, last = min(held), max(held)
-    pages = (held[last] - held[first]) // engine.block_bytes
+    pages = (held[last] - held[first]) // engine.core.block_bytes
     assert 0 <= pages <= sum(-(-(last - first) // g.spec.tokens_per_block(16)) + 1 for g in engine.kv_layout.groups
                              if g.spec.window is None)
 

@@ -65,7 +65,7 @@ def test_4096_token_sequence_holds_window_blocks_for_at_most_window_plus_a_block
     in_use = []
     while engine.has_unfinished_requests():
         engine.step()
-        seq = engine.scheduler.running[0] if engine.scheduler.running else None
+        seq = engine.core.scheduler.running[0] if engine.core.scheduler.running else None
         if seq is None:
             break
         for g in windows:  # between steps: the last 512 keys' blocks (the newest query reads them)
@@ -147,7 +147,7 @@ def test_mistral_window_uses_the_same_path(tiny_checkpoint):
     engine.add_request("r", {"prompt_token_ids": prompt(100, 5)}, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     for _ in range(10):
         engine.step()
-    table = engine.scheduler.running[0].block_tables[0]
+    table = engine.core.scheduler.running[0].block_tables[0]
     assert table.offset > 0 and len(table.ids) <= 2  # 12 keys span at most two 16-token blocks
     assert engine.stats().kv_bytes_per_token == 0  # no layer keeps every token
 

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.hf_config import hf_config_dict
 from llmpipe.tokenizer.hf_tokenizer import save_hf_tokenizer
-from tests.server.conftest import core_process_engine, live_server
+from tests.server.utils import core_process_engine, live_server
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmpipe.loader import load_checkpoint
-from tests.conftest import TINY_CONFIGS
+from tests.utils import TINY_CONFIGS
 
 
 def edited_copy(source: Path, target: Path, **changes) -> Path:

@@ -8,7 +8,7 @@ import transformers
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.hf_config import hf_config_dict, hf_model_config
 from llmpipe.models.llama import LLAMA_FAMILY
-from tests.conftest import TINY_CONFIGS
+from tests.utils import TINY_CONFIGS
 
 LLAMA_CONFIGS = sorted(name for name, (cls, _) in TINY_CONFIGS.items() if cls[: -len("Config")].lower() in LLAMA_FAMILY)
 

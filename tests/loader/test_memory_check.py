@@ -41,8 +41,8 @@ def test_a_model_past_the_memory_is_one_line_naming_both_figures():
 def test_the_engine_refuses_before_loading(tiny_checkpoint, monkeypatch):
     path = str(tiny_checkpoint("llama_gqa"))
     loaded = []
-    monkeypatch.setattr("llmpipe.engine.core.available_bytes", lambda: 2**20)  # 1 MiB left
-    monkeypatch.setattr("llmpipe.engine.core.load_model", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr("llmpipe.engine.executor.available_bytes", lambda: 2**20)  # 1 MiB left
+    monkeypatch.setattr("llmpipe.engine.executor.load_model", lambda *a, **k: loaded.append(a))
     with pytest.raises(ModelLoadError, match="KV pool 0.1 GiB"):
         LLM(path, progress=False, kv_cache_memory="128MiB")
     assert not loaded

@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from llmpipe import LLM, SamplingParams, UnsupportedModelError
-from tests.conftest import TINY_CONFIGS, build_checkpoint
+from tests.utils import TINY_CONFIGS, build_checkpoint
 
 PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45]
 

@@ -27,7 +27,7 @@ from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models import build_model
 from llmpipe.models.deepseek_v4.model import DeepseekV4DecoderLayer
 from llmpipe.quant.rtn import quantize_int8
-from tests.conftest import TINY_DEEPSEEK_V4, tiny_deepseek_v4_model
+from tests.utils import TINY_DEEPSEEK_V4, tiny_deepseek_v4_model
 
 TOKENS = 24
 # The published checkpoints' spelling: compress_ratios (with the MTP layer's entry last), num_hash_layers,

@@ -13,7 +13,7 @@ from llmpipe.models.deepseek_v4 import DEEPSEEK_V4
 from llmpipe.models.gemma3 import GEMMA3
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.registry import FAMILIES, family_of, gguf_architecture
-from tests.conftest import TINY_CONFIGS
+from tests.utils import TINY_CONFIGS
 
 
 def saved_shapes(directory) -> dict[str, tuple[int, ...]]:

@@ -9,7 +9,7 @@ import torch
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.models.llama.decode_step import LlamaDecodeStep
-from tests.conftest import TINY_CONFIGS, build_checkpoint
+from tests.utils import TINY_CONFIGS, build_checkpoint
 
 PROMPTS = [
     {"prompt_token_ids": [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150]},
@@ -194,7 +194,7 @@ def test_int8_caches_take_the_fused_step_and_match_layer_by_layer(tiny_checkpoin
     torch.set_num_threads(threads)
     try:
         llm = LLM(str(tiny_checkpoint(name)), kv_cache_dtype="int8", progress=False)
-        assert llm.engine.model.model.decode_step().takes(1, llm.engine.runner.kv_cache.layers)
+        assert llm.engine.model.model.decode_step().takes(1, llm.engine.core.runner.kv_cache.layers)
         # Gemma's k-norm runs in C here and in PyTorch there, equal to float32 rounding: a rounding that
         # lands on the other side of an int8 code's boundary moves a logprob by up to ~3e-4.
         atol = 1e-3 if name == "gemma3" else 2e-5
@@ -215,7 +215,7 @@ def test_the_fused_step_writes_an_int8_cache_bit_for_bit_as_the_layered_path(tin
         llm.engine.model.model.fused_decode = fused
         llm.generate([LONG_PROMPT, PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
                      use_tqdm=False)
-        caches.append(llm.engine.runner.kv_cache.tensors)
+        caches.append(llm.engine.core.runner.kv_cache.tensors)
     for ours, theirs in zip(*caches):
         assert ours.dtype in (torch.int8, torch.float16) and torch.equal(ours, theirs)
 
@@ -223,7 +223,7 @@ def test_the_fused_step_writes_an_int8_cache_bit_for_bit_as_the_layered_path(tin
 def test_int4_caches_keep_the_layered_path(tiny_checkpoint):
     quantized_cache = LLM(str(tiny_checkpoint("llama_gqa")), kv_cache_dtype="int4", progress=False)
     step = quantized_cache.engine.model.model.decode_step()
-    assert not step.takes(1, quantized_cache.engine.runner.kv_cache.layers)
+    assert not step.takes(1, quantized_cache.engine.core.runner.kv_cache.layers)
     _, _, calls = run(quantized_cache, True, PROMPTS[:1], steps=4)
     assert calls == 0
 

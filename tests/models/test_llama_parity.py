@@ -5,7 +5,7 @@ import torch
 import transformers
 
 from llmpipe import LLM, SamplingParams
-from tests.conftest import TINY_CONFIGS
+from tests.utils import TINY_CONFIGS
 
 PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45, 18, 260, 7, 150]
 

@@ -18,7 +18,7 @@ from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.models.phi3 import PHI3
 from llmpipe.models.registry import family_of
-from tests.conftest import build_checkpoint
+from tests.utils import build_checkpoint
 
 ORIGINAL = 64  # original_max_position_embeddings of the LongRoPE checkpoints
 

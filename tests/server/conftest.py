@@ -2,82 +2,12 @@
 
 from __future__ import annotations
 
-import functools
-import re
-import socket
-import threading
-import time
-from contextlib import contextmanager
 from typing import Iterator
 
-import httpx
 import pytest
-import uvicorn
 
 from llmpipe import LLM
-from llmpipe.config import EngineConfig
-from llmpipe.engine.core_client import ProcessCoreClient
-from llmpipe.loader import load_checkpoint
-from llmpipe.server.app import create_app
-from llmpipe.server.async_engine import AsyncEngine
-from llmpipe.server.http import uvicorn_config
-
-TINY_MODEL = "tiny"
-# A paced server's engine steps take at least this long: a test that needs a request still running
-# when something happens gets it by construction (a 1,000-token request runs for 50 s), not by
-# hoping the machine is slow.
-STEP_DELAY_S = 0.05
-POLL_S = 0.05  # between a wait's checks: a wait never busy-loops a core that servers, Ray or the other test worker need
-
-
-def wait_until(condition, what: str, timeout: float = 120.0) -> None:
-    """Check `condition()` every POLL_S until it holds; the timeout only guards against a hang."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
-        time.sleep(POLL_S)
-
-
-def paced(delay: float = STEP_DELAY_S):
-    """A `before_step` hook that makes every engine step last at least `delay` (picklable: it may run
-    in the engine core process)."""
-    return functools.partial(time.sleep, delay)
-
-
-def core_process_engine(path: str, before_step=None, **options) -> AsyncEngine:
-    """An AsyncEngine over an engine core process, as `llmpipe serve` builds it."""
-    config = EngineConfig.from_kwargs(model=path, **options)
-    return AsyncEngine(ProcessCoreClient(config, before_step), load_checkpoint(path).tokenizer, max_waiting=512)
-
-
-@contextmanager
-def live_server(llm: LLM | AsyncEngine, model_name: str = TINY_MODEL, header_timeout: float = 30.0, **options) -> Iterator[str]:
-    """Serve `llm` (its core on a thread) or an AsyncEngine (over a core process) until the block ends,
-    with `llmpipe serve`'s app and HTTP layer; yields the base URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    app = create_app(llm, model_name, **options)
-    server = uvicorn.Server(uvicorn_config(app, header_timeout=header_timeout, log_level="warning", timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120  # a hang guard
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=120)
-        sock.close()
-
-
-def metric(base_url: str, name: str, headers: dict | None = None) -> float:
-    """One sample of /metrics, e.g. metric(url, 'llmpipe:kv_cache_usage_perc')."""
-    text = httpx.get(f"{base_url}/metrics", headers=headers).text
-    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
-    assert match, f"{name} not in /metrics"
-    return float(match.group(1))
+from tests.server.utils import live_server
 
 
 @pytest.fixture(scope="session")

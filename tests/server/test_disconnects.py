@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from llmpipe import LLM
-from tests.server.conftest import live_server, metric, paced, wait_until
+from tests.server.utils import live_server, metric, paced, wait_until
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 
 NUM_DROPPERS = 20

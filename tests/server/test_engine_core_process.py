@@ -20,7 +20,7 @@ import pytest
 import torch
 import transformers
 
-from tests.server.conftest import core_process_engine, live_server, metric, paced, wait_until
+from tests.server.utils import core_process_engine, live_server, metric, paced, wait_until
 from tests.server.references import assert_greedy_matches, hf_greedy
 
 HANG_GUARD_S = 120.0

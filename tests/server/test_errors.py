@@ -15,7 +15,7 @@ from llmpipe.engine.stop_rules import StopRules
 from llmpipe.server.app import router
 from llmpipe.server.input_processor import MAX_JSON_DEPTH, InputProcessor
 from llmpipe.server.protocol import REQUESTS
-from tests.server.conftest import TINY_MODEL, live_server, metric, paced
+from tests.server.utils import TINY_MODEL, live_server, metric, paced
 
 KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -247,7 +247,7 @@ def test_an_out_of_vocabulary_stop_id_is_a_400_and_the_batch_beside_it_goes_on(u
 
 def test_a_failed_model_step_fails_its_requests_with_a_clear_message_and_the_server_goes_on(tiny_path):
     llm = LLM(tiny_path, progress=False)
-    runner, calls = llm.engine.runner, []
+    runner, calls = llm.engine.core.runner, []
     original = runner.execute
 
     def failing_once(batch):

@@ -12,7 +12,7 @@ import threading
 import httpx
 import pytest
 
-from tests.server.conftest import live_server, paced
+from tests.server.utils import live_server, paced
 
 BIG_PROMPT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 80_000)[
     : 7 * 2**20

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from llmpipe import LLM
 from llmpipe.server.protocol import REQUESTS
-from tests.server.conftest import live_server
+from tests.server.utils import live_server
 
 CHAT = [{"role": "user", "content": "hi"}]
 BASES = {

@@ -10,7 +10,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
 from llmpipe import LLM
-from tests.server.conftest import TINY_MODEL, live_server
+from tests.server.utils import TINY_MODEL, live_server
 from tests.server.tool_fixtures import QWEN25, checkpoint_with_template
 
 QUESTION = "What is the weather in Paris?"

@@ -12,7 +12,7 @@ import tokenizers
 import torch
 import transformers
 
-from tests.server.conftest import metric
+from tests.server.utils import metric
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 
 NUM_CLIENTS = 64

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from llmpipe import LLM
-from tests.server.conftest import live_server, metric, paced
+from tests.server.utils import live_server, metric, paced
 
 NAMES = [
     "llmpipe:time_to_first_token_seconds_bucket",

@@ -8,7 +8,7 @@ import tokenizers
 import torch
 import transformers
 
-from tests.server.conftest import TINY_MODEL
+from tests.server.utils import TINY_MODEL
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 
 PROMPT_IDS = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128]

@@ -16,7 +16,7 @@ import transformers
 
 from llmpipe import LLM
 from llmpipe.engine.step_costs import StepCosts
-from tests.server.conftest import TINY_MODEL, live_server, paced, wait_until
+from tests.server.utils import TINY_MODEL, live_server, paced, wait_until
 
 PROMPT = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99, 201, 45]
 OTHER = [1, 42, 7, 250, 18, 5, 9]

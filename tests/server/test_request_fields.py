@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from llmpipe.server.protocol import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, REQUESTS, field_table
-from tests.server.conftest import TINY_MODEL, live_server
+from tests.server.utils import TINY_MODEL, live_server
 
 KEY = "sk-fields"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -14,7 +14,7 @@ import transformers
 
 from llmpipe import LLM
 from llmpipe.server.protocol import ResponsesRequest
-from tests.server.conftest import TINY_MODEL, live_server
+from tests.server.utils import TINY_MODEL, live_server
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 from tests.server.tool_fixtures import QWEN25, TIME, WEATHER, checkpoint_with_template
 

@@ -10,7 +10,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from llmpipe import LLM
-from tests.server.conftest import live_server
+from tests.server.utils import live_server
 
 OPERATIONS = {  # label → examples per generation mode
     "POST /v1/completions": 40,

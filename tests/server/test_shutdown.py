@@ -19,7 +19,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.conftest import STEP_DELAY_S, wait_until
+from tests.server.utils import STEP_DELAY_S, wait_until
 
 SHUTDOWN_TIMEOUT_S = 4  # the short request's 8 tokens need ~0.4 s of it; the long one's 1,000 need 50 s
 # `llmpipe serve`, with each engine step paced by a sleep (picklable: it runs in the core process)

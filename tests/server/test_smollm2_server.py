@@ -9,7 +9,7 @@ import torch
 
 from llmpipe import LLM
 from llmpipe.bench.hf_baseline import load_transformers_model
-from tests.server.conftest import live_server
+from tests.server.utils import live_server
 from tests.server.references import assert_greedy_matches, hf_greedy, token_ids_of
 
 pytestmark = pytest.mark.slow

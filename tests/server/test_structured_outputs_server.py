@@ -14,7 +14,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.server.conftest import TINY_MODEL, core_process_engine, live_server
+from tests.server.utils import TINY_MODEL, core_process_engine, live_server
 
 CHAT = [{"role": "user", "content": "describe a city as JSON"}]
 SCHEMA = {

@@ -14,7 +14,7 @@ import pytest
 import transformers
 
 from llmpipe import LLM
-from tests.server.conftest import TINY_MODEL, live_server
+from tests.server.utils import TINY_MODEL, live_server
 from tests.server.tool_fixtures import (
     BOUNDED_TOOLS, LLAMA31, MISTRAL_NEMO, QWEN3, QWEN25, WEATHER, as_transformers_takes_it, call, checkpoint_with_template,
     history, reassemble_stream,

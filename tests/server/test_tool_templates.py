@@ -13,7 +13,7 @@ from llmpipe.server.input_processor import InputProcessor, validate_body
 from llmpipe.server.protocol import ChatCompletionRequest
 from llmpipe.tokenizer import Tokenizer
 from llmpipe.tool_parsers import parser_for_template
-from tests.conftest import TINY_CHAT_TEMPLATE
+from tests.utils import TINY_CHAT_TEMPLATE
 from tests.server.tool_fixtures import (
     LLAMA31, LLAMA32, MISTRAL_NEMO, QWEN3, QWEN25, TOOLS, as_transformers_takes_it, call, history, template,
 )

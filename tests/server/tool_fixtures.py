@@ -94,7 +94,7 @@ def as_transformers_takes_it(messages: list[dict]) -> list[dict]:
 def checkpoint_with_template(out_dir: Path, arch: str, template_name: str) -> Path:
     """A tiny random checkpoint of `arch` (tests/conftest.py's TINY_CONFIGS) whose tokenizer_config.json
     carries the real chat template `template_name`."""
-    from tests.conftest import TINY_CONFIGS, build_checkpoint
+    from tests.utils import TINY_CONFIGS, build_checkpoint
 
     class_name, extra = TINY_CONFIGS[arch]
     build_checkpoint(class_name, {**extra, "max_position_embeddings": 4096}, out_dir)  # room for the tools prompt

@@ -53,7 +53,7 @@ def spec_llm(target: str, options: dict, k: int) -> LLM:
 
 def assert_no_draft_leak(llm: LLM) -> None:
     assert_no_leak(llm)
-    proposer = llm.engine.proposer
+    proposer = llm.engine.core.proposer
     if hasattr(proposer, "blocks"):
         assert not proposer.shadows and proposer.blocks.num_free_blocks == proposer.blocks.num_blocks
 
@@ -114,7 +114,7 @@ def test_abort_mid_run_frees_both_caches(self_draft):
     engine.add_request("b", PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=50))
     for _ in range(3):
         engine.step()
-    assert engine.proposer.shadows
+    assert engine.core.proposer.shadows
     engine.abort_request("a")
     engine.abort_request("b")
     assert_no_draft_leak(self_draft)

@@ -3,7 +3,7 @@
 import httpx
 
 from llmpipe import LLM
-from tests.server.conftest import live_server, metric
+from tests.server.utils import live_server, metric
 
 SPEC_COUNTERS = ["llmpipe:spec_decode_num_drafts_total", "llmpipe:spec_decode_num_draft_tokens_total",
                  "llmpipe:spec_decode_num_accepted_tokens_total"]
