@@ -1,4 +1,4 @@
-"""Load time and memory of `llmpipe.LLM(path)`, each run in a fresh process (issue 43).
+"""Load time and memory of `llmpipe.LLM(path)`, each run in a fresh process.
 
     python -m llmpipe.bench.load_memory FILE.gguf [FILE.gguf ...] [--runs 2] [--kv-cache-memory 256MiB]
     llmpipe bench load FILE.gguf ...

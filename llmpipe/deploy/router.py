@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from typing import Protocol, Sequence
 
-from llmpipe.engine.block_pool import block_hash
+from llmpipe.kv_cache.block_pool import block_hash
 from llmpipe.errors import LLMPipeError
 
 Loads = Sequence[int | None]  # per replica: requests in flight, None while it is down

@@ -13,7 +13,7 @@ from llmpipe.config import DTYPES
 from llmpipe.diagnose import costs
 from llmpipe.diagnose.memory import weight_bytes
 from llmpipe.diagnose.report import KVUse, Lever, Rates, Setup, TimeSplit, Workload
-from llmpipe.engine.kv_cache import kv_bytes_per_token
+from llmpipe.kv_cache.paged import kv_bytes_per_token
 
 SPEC_ACCEPTANCE = 0.7  # assumed per-token acceptance of drafted tokens
 SPEC_TOKENS = 4  # drafted tokens per verification step

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
-from llmpipe.engine.kv_cache import kv_bytes_per_token, num_blocks_for
+from llmpipe.kv_cache.paged import kv_bytes_per_token, num_blocks_for
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import quant_plan

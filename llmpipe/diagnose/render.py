@@ -14,7 +14,7 @@ from llmpipe.diagnose.memory import MemoryPlan
 
 
 def fmt_bytes(n: float) -> str:
-    """Decimal and binary units side by side: the seeds quote GB for weights and GiB/MiB for caches."""
+    """Decimal and binary units side by side: weights are usually quoted in GB, caches in GiB / MiB."""
     for power, dec, binary in ((3, "GB", "GiB"), (2, "MB", "MiB"), (1, "KB", "KiB")):
         if n >= 1000**power:
             return f"{n / 1000**power:.4g} {dec} ({n / 1024**power:.4g} {binary})"

@@ -30,8 +30,8 @@ from llmpipe.distributed.parallel_state import (
 )
 from llmpipe.distributed.processes import LocalWorkers
 from llmpipe.distributed.sharding import plan_shards
-from llmpipe.engine.cache_kinds import BlockTable
-from llmpipe.engine.kv_cache_spec import KVCacheLayout
+from llmpipe.kv_cache.kinds import BlockTable
+from llmpipe.kv_cache.layout import KVCacheLayout
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.errors import LLMPipeError

@@ -12,7 +12,7 @@ from torch import nn
 from llmpipe.config import EngineConfig
 from llmpipe.distributed.layers import parallelize
 from llmpipe.distributed.sharding import plan_shards, shard_tensor
-from llmpipe.engine.kv_cache import PagedKVCache
+from llmpipe.kv_cache.paged import PagedKVCache
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.loader import Checkpoint
 from llmpipe.models import build_model, resident_bytes

@@ -22,7 +22,7 @@ from llmpipe.distributed.model_shard import forward, load_shard, rank_memory
 from llmpipe.distributed.parallel_state import (
     ParallelState, announce, join, leave, rank_config, read_config, torchrun_store, wait_for_go,
 )
-from llmpipe.engine.kv_cache_spec import KVCacheLayout
+from llmpipe.kv_cache.layout import KVCacheLayout
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.loader import load_checkpoint
 

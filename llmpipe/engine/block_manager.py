@@ -1,5 +1,5 @@
 """BlockManager: the paged KV cache's bookkeeping, coordinating one group manager per KV cache group
-(engine/cache_kinds/) over the shared BlockPool. It knows no kind by name: what differs between full,
+(kv_cache/kinds/) over the shared BlockPool. It knows no kind by name: what differs between full,
 sliding-window and compressed groups lives in their specs and managers.
 
 Blocks are given out per step, for the tokens scheduled. A prefix is reusable only as far as every
@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
-from llmpipe.engine.block_pool import BlockPool, NoFreeBlocksError, block_hash
-from llmpipe.engine.cache_kinds import BlockTable, KVCacheSpec
+from llmpipe.kv_cache.block_pool import BlockPool, NoFreeBlocksError, block_hash
+from llmpipe.kv_cache.kinds import BlockTable, KVCacheSpec
 
 __all__ = ["BlockManager", "BlockTable", "NoFreeBlocksError", "PagedSequence", "PrefixHit"]
 

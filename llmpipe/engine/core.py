@@ -24,7 +24,7 @@ import torch
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
 from llmpipe.engine.block_manager import BlockManager
-from llmpipe.engine.cache_kinds import BlockTable
+from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.core_messages import (CoreInfo, EngineCoreOutputs, EngineCoreRequest, EngineStats,
                                           SpecDecodeStats)
 from llmpipe.engine.drafter import Drafter

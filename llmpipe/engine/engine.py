@@ -14,7 +14,7 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission, PromptInput
-from llmpipe.engine.cache_kinds import BlockTable
+from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.core import EngineCore
 from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
 from llmpipe.engine.core_messages import EngineCoreRequest

@@ -12,8 +12,8 @@ from dataclasses import replace
 import torch
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.cache_kinds import BlockTable
-from llmpipe.engine.kv_cache import plan_kv_pool
+from llmpipe.kv_cache.kinds import BlockTable
+from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.engine.token_sampler import ModelOutput, TokenSampler

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.cache_kinds import BlockTable, GroupBatch
-from llmpipe.engine.kv_cache import kv_cache_class
-from llmpipe.engine.kv_cache_spec import KVCacheLayout
+from llmpipe.kv_cache.kinds import BlockTable, GroupBatch
+from llmpipe.engine.kv_pool import kv_cache_class
+from llmpipe.kv_cache.layout import KVCacheLayout
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.quant.linear import decode_numerics
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llmpipe.engine.cache_kinds import BlockTable
+from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.core_messages import EngineCoreOutput, RawLogprob
 from llmpipe.sampling_params import SamplingParams
 

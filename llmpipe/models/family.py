@@ -16,6 +16,7 @@ from torch import nn
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.layers.linear import Linear
 from llmpipe.models.weights import EMBED, Stacking, shards
+from llmpipe.kv_cache.paged import PagedKVCache
 
 if TYPE_CHECKING:
     from llmpipe.loader.gguf_names import GGUFArchitecture
@@ -52,9 +53,7 @@ class ModelFamily:
 
     @property
     def kv_cache_class(self) -> type:
-        """The engine's KV cache class for the family's layers (engine/kv_cache.py's KVCache protocol)."""
-        from llmpipe.engine.kv_cache import PagedKVCache  # deferred: the engine imports the models
-
+        """The KV cache class for the family's layers (kv_cache/paged.py's KVCache protocol)."""
         return PagedKVCache
 
     def check_engine_options(self, config: EngineConfig) -> None:

@@ -18,8 +18,8 @@ import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.engine.block_manager import BlockManager
-from llmpipe.engine.cache_kinds import BlockTable
-from llmpipe.engine.kv_cache import plan_kv_pool
+from llmpipe.kv_cache.kinds import BlockTable
+from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner
 from llmpipe.engine.scheduler import ScheduledChunk, SchedulerOutput
 from llmpipe.engine.sequence import Sequence

@@ -5,7 +5,7 @@ import pytest
 
 from llmpipe.deploy.router import NoReplicaError, PrefixAffinityRouter, RoundRobinRouter, prefix_hashes
 from llmpipe.engine.block_manager import BlockManager
-from llmpipe.engine.cache_kinds import FullAttentionSpec
+from llmpipe.kv_cache.kinds import FullAttentionSpec
 
 BLOCK = 4
 

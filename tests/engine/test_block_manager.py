@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
-from llmpipe.engine.cache_kinds import CompressedSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from llmpipe.kv_cache.kinds import CompressedSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 BLOCK = 4
 NUM_BLOCKS = 48

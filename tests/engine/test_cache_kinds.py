@@ -8,10 +8,11 @@ from pathlib import Path
 
 from hypothesis import given, settings
 
-from llmpipe.engine.cache_kinds import FullAttentionSpec, SlidingWindowSpec
+from llmpipe.kv_cache.kinds import FullAttentionSpec, SlidingWindowSpec
 from tests.engine.test_block_manager import BLOCK, FakeSeq, World, ops, run_operations
 
 ENGINE = Path(__file__).parents[2] / "llmpipe" / "engine"
+KV_CACHE = ENGINE.parent / "kv_cache"
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,10 @@ def _code(path: Path) -> str:
 
 def test_the_engine_names_no_kv_cache_kind_and_no_model():
     kinds = re.compile(r"FullAttention|SlidingWindow|Compressed|\bratio\b|free_out_of_window", re.IGNORECASE)
-    for name in ("block_manager.py", "block_pool.py", "scheduler.py", "core.py", "model_runner.py"):
-        assert not kinds.search(_code(ENGINE / name)), name
-    for path in [*ENGINE.rglob("*.py"), ENGINE.parent / "layers" / "attention.py"]:
-        if path != ENGINE / "cache_kinds" / "compressed.py":
+    shared = [ENGINE / name for name in ("block_manager.py", "scheduler.py", "core.py", "executor.py", "model_runner.py",
+                                         "token_sampler.py")] + [KV_CACHE / "block_pool.py"]
+    for path in shared:
+        assert not kinds.search(_code(path)), path
+    for path in [*ENGINE.rglob("*.py"), *KV_CACHE.rglob("*.py"), ENGINE.parent / "layers" / "attention.py"]:
+        if path != KV_CACHE / "kinds" / "compressed.py":
             assert "deepseek" not in path.read_text().lower(), path

@@ -208,7 +208,7 @@ def logit_shapes(llm: LLM, monkeypatch) -> list[tuple[int, ...]]:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_prompt_past_the_default_budget_completes_alone(engines, fmt, monkeypatch):
-    """Issue 42's case: 2,049 tokens at the default max_num_batched_tokens (2,048), alone. Its first step
+    """A long prompt's edge case: 2,049 tokens at the default max_num_batched_tokens (2,048), alone. Its first step
     is one chunk ending no prompt: logits of no row."""
     llm = engines.get(fmt, EngineConfig.max_num_batched_tokens)
     assert llm.engine.config.max_num_batched_tokens == 2048

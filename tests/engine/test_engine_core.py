@@ -140,5 +140,6 @@ def test_the_scheduler_caps_prefill_only_in_steps_that_decode(tiny_checkpoint):
     assert len(batch.decodes) == 1 and [item.num_tokens for item in batch.prefills] == [16]
     alone = LLM(str(tiny_checkpoint("llama_gqa")), progress=False).engine
     alone.add_request("new", list(range(3, 103)), SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
-    batch = alone.core.scheduler.schedule(prefill_budget=lambda num_decodes, num_sequences: 16)  # nothing decodes: the whole prompt
+    # nothing decodes: the whole prompt
+    batch = alone.core.scheduler.schedule(prefill_budget=lambda num_decodes, num_sequences: 16)
     assert not batch.decodes and [item.num_tokens for item in batch.prefills] == [100]

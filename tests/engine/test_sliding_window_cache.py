@@ -54,7 +54,7 @@ def test_layers_form_full_and_window_groups_of_equal_size(path):
 
 
 def test_4096_token_sequence_holds_window_blocks_for_at_most_window_plus_a_block(long_window_path):
-    """The issue's figure: window 512, 4,096-token prompt; decode must not grow the window groups,
+    """The design's figure: window 512, 4,096-token prompt; decode must not grow the window groups,
     and the blocks they drop go back to the pool."""
     llm = LLM(str(long_window_path), progress=False, max_num_batched_tokens=1024)
     engine = llm.engine

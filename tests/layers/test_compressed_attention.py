@@ -18,7 +18,7 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf  # noqa: 
 
 from llmpipe.config import EngineConfig  # noqa: E402
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit  # noqa: E402
-from llmpipe.engine.kv_cache import plan_kv_pool  # noqa: E402
+from llmpipe.engine.kv_pool import plan_kv_pool  # noqa: E402
 from llmpipe.engine.model_runner import ModelRunner  # noqa: E402
 from llmpipe.models.deepseek_v4 import attention as compressed_attention  # noqa: E402
 from llmpipe.models.deepseek_v4.attention import DeepseekV4Attention  # noqa: E402

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from llmpipe import LLM, SamplingParams
-from llmpipe.engine.kv_cache import kv_bytes_per_token
+from llmpipe.kv_cache.paged import kv_bytes_per_token
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk, paged_attention, read_blocks, write_kv
 from llmpipe.quant.kv import KV_INT4_GROUP, QuantizedKV, hadamard
 from tests.models.test_llama_parity import PROMPT

@@ -21,7 +21,7 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.models.deepseek_v4.config import CSA, WINDOW
-from llmpipe.engine.cache_kinds import CompressedMetadata
+from llmpipe.kv_cache.kinds import CompressedMetadata
 from llmpipe.models.deepseek_v4.cache import WindowStoreMetadata
 from llmpipe.models.deepseek_v4.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear

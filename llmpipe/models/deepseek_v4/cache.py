@@ -6,10 +6,10 @@ compressor's (and indexer's) projections of that token. It is a sliding-window g
 max(window, the tokens of the widest open compression span) rows, so the pending tokens of the
 next entries are always still there (and come back with a prefix-cache hit). CSA / HCA layers also
 have an entry store, one row per `ratio` tokens: the entry (and, for CSA, the indexer key); it is a
-group of ratio r (engine/cache_kinds/compressed.py), whose block spans block_size × r tokens and is
+group of ratio r (kv_cache/kinds/compressed.py), whose block spans block_size × r tokens and is
 never freed while the sequence runs.
 
-Stores of the same shape form groups as for other models (engine/kv_cache_spec.py), and groups
+Stores of the same shape form groups as for other models (kv_cache/layout.py), and groups
 share one pool of equal-sized pages (vLLM v1's hybrid allocator): a group of narrow rows packs more
 layers into a page than one of wide rows, and where its layers are too few to fill the page side by
 side, an entry group takes block_rows × block_size rows per layer instead (its block then spans
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
-from llmpipe.engine.cache_kinds import CompressedSpec, GroupBatch, SlidingWindowSpec
-from llmpipe.engine.kv_cache_spec import KVCacheGroup, KVCacheLayout
+from llmpipe.kv_cache.kinds import CompressedSpec, GroupBatch, SlidingWindowSpec
+from llmpipe.kv_cache.layout import KVCacheGroup, KVCacheLayout
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.models.deepseek_v4.config import CSA, WINDOW
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llmpipe.engine.block_pool import BlockPool
-from llmpipe.engine.cache_kinds.base import BlockTable, GroupBatch, GroupManager, KVCacheSpec
-from llmpipe.engine.cache_kinds.full_attention import paged_metadata
+from llmpipe.kv_cache.block_pool import BlockPool
+from llmpipe.kv_cache.kinds.base import BlockTable, GroupBatch, GroupManager, KVCacheSpec
+from llmpipe.kv_cache.kinds.full_attention import paged_metadata
 from llmpipe.layers.attention import AttentionMetadata
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmpipe.engine.cache_kinds.base import GroupBatch, KVCacheSpec
+from llmpipe.kv_cache.kinds.base import GroupBatch, KVCacheSpec
 from llmpipe.layers.attention import AttentionMetadata, PrefillChunk
 
 

@@ -1,7 +1,7 @@
 """What each attention layer keeps in the KV cache, and how layers share the block pool (vLLM v1's
 KV cache groups).
 
-A layer's cache spec (engine/cache_kinds/) says which past tokens its queries can still read: every
+A layer's cache spec (kv_cache/kinds/) says which past tokens its queries can still read: every
 one (full attention) or the last W (sliding window). Layers with the same spec are cut into groups of equal size S, so
 that one block of the pool — [S layers, K and V, block_size tokens] — fits any group: a block
 belongs to one group at a time, and each sequence has one block table per group. A window group
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmpipe.config import ModelConfig
-from llmpipe.engine.cache_kinds import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from llmpipe.kv_cache.kinds import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 
 
 @dataclass(frozen=True)

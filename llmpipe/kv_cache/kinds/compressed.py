@@ -14,8 +14,8 @@ from typing import Sequence
 
 import torch
 
-from llmpipe.engine.block_pool import BlockPool
-from llmpipe.engine.cache_kinds.base import BlockTable, GroupBatch, GroupManager, KVCacheSpec
+from llmpipe.kv_cache.block_pool import BlockPool
+from llmpipe.kv_cache.kinds.base import BlockTable, GroupBatch, GroupManager, KVCacheSpec
 
 PARTIAL = "partial"  # the cache key's tag of a block listed while it fills
 

@@ -11,10 +11,9 @@ from typing import Protocol
 import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
-from llmpipe.errors import LLMPipeError
 from llmpipe.kernels import huge_pages
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
-from llmpipe.engine.kv_cache_spec import KVCacheLayout, kv_cache_layout
+from llmpipe.kv_cache.layout import KVCacheLayout, kv_cache_layout
 
 
 KV_SCALE_BYTES = torch.empty((), dtype=SCALE_DTYPE).element_size()
@@ -61,23 +60,6 @@ class KVCache(Protocol):
               device: torch.device) -> "KVCache": ...
 
     def copy_block(self, src: int, dst: int) -> None: ...
-
-
-def kv_cache_class(cfg: ModelConfig) -> type[KVCache]:
-    from llmpipe.models.registry import family_of  # the families import the engine's cache kinds
-
-    return family_of(cfg.architecture).kv_cache_class
-
-
-def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
-    """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
-    cache = kv_cache_class(cfg)
-    layout = cache.layout(cfg)
-    block_bytes = cache.block_bytes(layout, cfg, config)
-    num_blocks = config.max_num_blocks or config.kv_cache_memory // block_bytes
-    if num_blocks < 1:
-        raise LLMPipeError(f"kv_cache_memory={config.kv_cache_memory} bytes holds no KV block of {config.model}")
-    return layout, block_bytes, num_blocks
 
 
 class PagedKVCache:

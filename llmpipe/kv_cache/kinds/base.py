@@ -2,7 +2,7 @@
 given out, reused and freed (its group manager), and what the group's layers receive for a step (its
 metadata) — vLLM v1's KVCacheSpec and single-type manager, one class each per kind.
 
-A kind's blocks come from the shared BlockPool (engine/block_pool.py). A sequence has one BlockTable per
+A kind's blocks come from the shared BlockPool (kv_cache/block_pool.py). A sequence has one BlockTable per
 group; ids[i] holds the group's block offset + i, where blocks below the offset were freed (a window
 the queries left behind). A block spans `span` token blocks of block_size tokens (1 for K/V per token;
 more for kinds that keep a row per several tokens). Prefix reuse is by token block: the hash of token
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 if TYPE_CHECKING:
-    from llmpipe.engine.block_pool import BlockPool
+    from llmpipe.kv_cache.block_pool import BlockPool
 
 
 @dataclass

@@ -1,0 +1,9 @@
+"""KV-cache kinds: one spec class (and, where it differs, one group manager) per kind of attention."""
+
+from llmpipe.kv_cache.kinds.base import BlockTable, ChunkRows, GroupBatch, GroupManager, KVCacheSpec
+from llmpipe.kv_cache.kinds.compressed import CompressedMetadata, CompressedSpec
+from llmpipe.kv_cache.kinds.full_attention import FullAttentionSpec
+from llmpipe.kv_cache.kinds.sliding_window import SlidingWindowSpec
+
+__all__ = ["BlockTable", "ChunkRows", "CompressedMetadata", "CompressedSpec", "FullAttentionSpec", "GroupBatch",
+           "GroupManager", "KVCacheSpec", "SlidingWindowSpec"]
