@@ -6,35 +6,9 @@ import argparse
 import logging
 import sys
 
-from llmpipe.engine_args import add_engine_args, engine_kwargs
+from llmpipe.engine_args import add_engine_args, add_sampling_args, engine_kwargs, sampling_params
 from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import RequestMetrics
-
-
-def add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-
-
-def sampling_params(args: argparse.Namespace):
-    from llmpipe.sampling_params import SamplingParams
-
-    return SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=args.stop,
-    )
 
 
 def print_timing(metrics: RequestMetrics | None, num_tokens: int) -> None:

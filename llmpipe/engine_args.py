@@ -1,6 +1,7 @@
 """The engine's command-line flags, generated from EngineConfig's fields (vLLM's EngineArgs): one
 definition of every option, its default, choices and help, for every command that loads a model
-(`generate`, `chat`, `serve`, `eval`, `diagnose`, `bench`) and for the Ray deployment's args."""
+(`generate`, `chat`, `serve`, `eval`, `diagnose`, `bench`) and for the Ray deployment's args; and
+`generate` / `chat`'s sampling flags, typed from SamplingParams' fields."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import typing
 from typing import Any, Callable
 
 from llmpipe.config import EngineConfig
+from llmpipe.sampling_params import SamplingParams
 
 NONE_WORD = "none"  # how a flag spells None (e.g. --quantization none)
 
@@ -80,3 +82,25 @@ def options_table() -> list[str]:
         default = NONE_WORD if f.default is None else f.default
         rows.append(f"| `{f.name}` | {flag} | `{default}` | {f.metadata['help']} |")
     return rows
+
+
+# The sampling flags of `generate` and `chat`, and where their defaults differ from SamplingParams' (greedy,
+# a longer reply).
+SAMPLING_FLAGS = {"max_tokens": 256, "temperature": 0.0, "top_p": None, "top_k": None, "min_p": None,
+                  "repetition_penalty": None, "seed": None, "stop": None}
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    fields = {f.name: f for f in dataclasses.fields(SamplingParams)}
+    hints = typing.get_type_hints(SamplingParams)
+    for name, default in SAMPLING_FLAGS.items():
+        default = fields[name].default if default is None else default
+        if name == "stop":
+            parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+            continue
+        kind, optional = _base_type(hints[name])
+        parser.add_argument(flag_name(name), type=_parser(kind, optional), default=default)
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(**{name: getattr(args, name) for name in SAMPLING_FLAGS})

@@ -11,9 +11,11 @@ handed to the runner with the next step's batch (`take_block_copies`).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
+from llmpipe.errors import InvalidRequestError
 from llmpipe.kv_cache.block_pool import BlockPool, NoFreeBlocksError, block_hash
 from llmpipe.kv_cache.kinds import BlockTable, KVCacheSpec
 
@@ -205,3 +207,30 @@ class BlockManager:
 
     def blocks_held(self, seq: PagedSequence) -> int:
         return sum(len(table.ids) for table in seq.block_tables)
+
+    @contextmanager
+    def scratch(self, token_ids: list[int], make_copies: Callable[[list[tuple[int, int]]], None]) -> Iterator[list[BlockTable]]:
+        """Block tables for token_ids outside the scheduler (scoring, calibration), freed on exit.
+        `make_copies` makes the queued block copies first: a block the scratch takes may be one's source."""
+        scratch = ScratchSequence(list(token_ids))
+        no_hit = self.no_hit()  # computed from scratch
+        make_copies(self.take_block_copies())
+        if not self.can_allocate(scratch, no_hit, len(token_ids)):
+            raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
+        self.allocate(scratch, no_hit, len(token_ids))
+        try:
+            yield scratch.block_tables
+        finally:
+            self.free_sequence(scratch)
+
+
+@dataclass(eq=False)
+class ScratchSequence:
+    """The PagedSequence of a scratch allocation."""
+
+    all_token_ids: list[int]
+    block_tables: list[BlockTable] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_hashed_blocks: int = 0

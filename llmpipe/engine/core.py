@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import ContextManager
 
 import torch
 
@@ -31,12 +30,10 @@ from llmpipe.engine.drafter import Drafter
 from llmpipe.engine.executor import Executor
 from llmpipe.engine.request_table import RequestTable
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
-from llmpipe.engine.sequence import Sequence
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.engine.stop_rules import StopRules
 from llmpipe.engine.token_sampler import TokenSampler
-from llmpipe.errors import InvalidRequestError, LLMPipeError
-from llmpipe.sampling_params import SamplingParams
+from llmpipe.errors import LLMPipeError
 from llmpipe.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -195,18 +192,6 @@ class EngineCore:
         with self.scratch_blocks(token_ids) as block_tables:
             return self.executor.score(token_ids, block_tables, last_only)
 
-    @contextmanager
-    def scratch_blocks(self, token_ids: list[int]) -> Iterator[list[BlockTable]]:
+    def scratch_blocks(self, token_ids: list[int]) -> ContextManager[list[BlockTable]]:
         """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""
-        scratch = Sequence("score", 0, list(token_ids), SamplingParams(), None)
-        no_hit = self.block_manager.no_hit()  # computed from scratch
-        # Queued copies first: a block the scratch takes may be one's source (freed since it was queued).
-        self.executor.copy_blocks(self.block_manager.take_block_copies())
-        if not self.block_manager.can_allocate(scratch, no_hit, len(token_ids)):
-            raise InvalidRequestError(f"{len(token_ids)} tokens do not fit the free KV cache blocks")
-        self.block_manager.allocate(scratch, no_hit, len(token_ids))
-        try:
-            yield scratch.block_tables
-        finally:
-            self.block_manager.free_sequence(scratch)
-
+        return self.block_manager.scratch(token_ids, self.executor.copy_blocks)

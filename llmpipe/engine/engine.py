@@ -8,18 +8,18 @@ token ids into text, applies stop strings and times the request.
 
 from __future__ import annotations
 
-from typing import ContextManager
+from typing import Callable, ContextManager
 
 import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission, PromptInput
-from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.core import EngineCore
-from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
-from llmpipe.engine.core_messages import EngineCoreRequest
+from llmpipe.engine.core_client import ThreadCoreClient
+from llmpipe.engine.core_messages import EngineCoreRequest, EngineStats, SpecDecodeStats
 from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import InvalidRequestError
+from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
 
@@ -40,6 +40,10 @@ class LLMEngine:
     weight_bytes = property(lambda self: self.core.weight_bytes)
     eos_token_ids = property(lambda self: self.core.eos_token_ids)
     kv_layout = property(lambda self: self.core.kv_layout)
+
+    def thread_client(self, before_step: Callable[[], None] | None = None) -> ThreadCoreClient:
+        """This engine's core, stepped on a thread of its own for an API server in this process."""
+        return ThreadCoreClient(self.core, before_step)
 
     def rank_memory(self) -> list | None:
         """Each tensor-parallel rank's memory (None on one process)."""

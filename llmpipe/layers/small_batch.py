@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from llmpipe.kernels.abi import MAX_ROWS
 from llmpipe.kernels.build import library as _library
 
-MIN_ROWS, MAX_ROWS = 2, 8  # one row stays on MKL's matrix-vector product
+MIN_ROWS = 2  # one row stays on MKL's matrix-vector product; at most MAX_ROWS (csrc/abi.h)
 
 
 def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:

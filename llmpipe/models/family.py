@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.kv_cache.paged import PagedKVCache
 from llmpipe.layers.linear import Linear
 from llmpipe.models.weights import EMBED, Stacking, shards
-from llmpipe.kv_cache.paged import PagedKVCache
 
 if TYPE_CHECKING:
     from llmpipe.loader.gguf_names import GGUFArchitecture

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from llmpipe.kernels.abi import MAX_ROWS  # noqa: F401 - rows per row-kernel pass; the ops take any rows, MAX_ROWS at a time
 from llmpipe.kernels.build import library as _library
 
-MAX_ROWS = 8  # rows per row-kernel pass (csrc MAX_ROWS); the ops take any rows, MAX_ROWS at a time
 CHUNK = 32  # K (padded) and group sizes are multiples of this (INT8 also takes HALF_GROUP)
 HALF_GROUP = 16  # INT8 groups of half a chunk: GGUF Q6_K's sub-blocks
 DOT_BLOCK = 32  # activation elements sharing one scale

@@ -27,7 +27,6 @@ from pydantic import BaseModel
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
-from llmpipe.engine.core_client import ThreadCoreClient
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
 from llmpipe.server.request_batch import RequestBatch
 from llmpipe.server.errors import install_error_handlers
@@ -255,7 +254,7 @@ def create_app(
     whose core then steps on a thread, calling `before_step` before each step (see CoreLoop).
     `tool_call_parser`: the name of the parser that reads tool calls (None: chosen from the chat template)."""
     if isinstance(engine, LLM):
-        engine = AsyncEngine(ThreadCoreClient(engine.engine.core, before_step), engine.engine.tokenizer, max_waiting)
+        engine = AsyncEngine(engine.engine.thread_client(before_step), engine.engine.tokenizer, max_waiting)
     server = Server(engine, model_name, tool_call_parser)
 
     @asynccontextmanager

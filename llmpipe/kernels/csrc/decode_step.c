@@ -42,6 +42,9 @@
 
 #include "attention_rows.h"
 #include "ggml_amx.h"
+#include <stddef.h>
+
+#include "abi.h"
 #include "ggml_rows.h"
 #include "float_rows.h"
 #include "lowbit_float_rows.h"
@@ -49,7 +52,7 @@
 #include "lowbit_q5_rows.h"
 #include "lowbit_q8_rows.h"
 
-enum { F32 = 0, INT4 = 1, INT8 = 2, Q5_0 = 3, GGML = 4 };
+enum { F32 = KIND_F32, INT4 = KIND_INT4, INT8 = KIND_INT8, Q5_0 = KIND_Q5_0, GGML = KIND_GGML };
 
 typedef struct {
     int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
@@ -64,7 +67,7 @@ typedef struct {
     const uint8_t *panels; /* with bits: the codes also in lowbit_panels.h's panels, for batches (NULL: none) */
 } LinearDesc;
 
-enum { SILU = 0, GELU_TANH = 1 };
+enum { SILU = ACT_SILU, GELU_TANH = ACT_GELU_TANH };
 
 typedef struct {
     const float *input_norm, *post_norm; /* before attention, before the MLP */
@@ -78,6 +81,12 @@ typedef struct {
     void *kv_cache;      /* float32, or int8 codes */
     uint16_t *kv_scales; /* int8 caches: their float16 scales (NULL: float32) */
 } LayerDesc;
+
+/* The Python side lays these out as abi.h's int64 words. */
+_Static_assert(sizeof(LinearDesc) == LINEAR_WORDS * 8, "LinearDesc is LINEAR_WORDS words");
+_Static_assert(sizeof(LayerDesc) == LAYER_WORDS * 8, "LayerDesc is LAYER_WORDS words");
+_Static_assert(offsetof(LayerDesc, rope) == LAYER_ROPE_WORD * 8, "LayerDesc.rope is word LAYER_ROPE_WORD");
+_Static_assert(offsetof(LayerDesc, table) == LAYER_TABLE_WORD * 8, "LayerDesc.table is word LAYER_TABLE_WORD");
 
 /* Per-thread buffers, sized for the widest input (K) and output slice. */
 typedef struct {

@@ -18,6 +18,8 @@
 #include <optional>
 #include <tuple>
 
+#include "abi.h"
+
 namespace kernels {
 extern "C" {
 // lowbit_linear.c
@@ -73,17 +75,12 @@ void decode_step(float *x, const void *layers, int64_t num_layers, int64_t B, in
 
 namespace {
 
-constexpr int64_t MAX_ROWS = 8;  // simd.h: activation rows one row-kernel call takes
 constexpr int64_t CHUNK = 32;  // lowbit K and group sizes are multiples of this
 constexpr int64_t HALF_CHUNK = 16;
 constexpr int64_t Q5_0_BLOCK_BYTES = 22;  // lowbit_q5_rows.h: GGUF's Q5_0 block of CHUNK weights
 constexpr int64_t PANEL = 8;  // lowbit_panels.h: a panel's rows, and its bytes per 32 inputs
 constexpr int64_t INT4_PANEL_BYTES = 128 + 2 * PANEL * 4, INT8_PANEL_BYTES = 256 + 2 * PANEL * 4;  // or, for INT8, groups of half a chunk (GGUF Q6_K's sub-blocks)
-// decode_step.c's LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache
-// and its scales
-constexpr int64_t LINEAR_WORDS = 10;
-constexpr int64_t LAYER_WORDS = 2 + 4 * LINEAR_WORDS + 4 + 4 + 2;
-constexpr int64_t LAYER_ROPE_WORD = 2 + 4 * LINEAR_WORDS + 4 + 1, LAYER_TABLE_WORD = LAYER_ROPE_WORD + 2;
+// decode_step.c's LayerDesc words (LAYER_WORDS, LAYER_ROPE_WORD, LAYER_TABLE_WORD) and MAX_ROWS: abi.h.
 
 constexpr int64_t ANY_RANK = -1;
 
@@ -146,7 +143,7 @@ at::Tensor by_row_slices(const at::Tensor &x, int64_t N, RowKernel kernel) {
     at::Tensor y = float_empty(M, N);
     const float *xs = x.const_data_ptr<float>();
     float *ys = y.mutable_data_ptr<float>();
-    for (int64_t m = 0; m < M; m += MAX_ROWS) kernel(xs + m * K, ys + m * N, std::min(MAX_ROWS, M - m));
+    for (int64_t m = 0; m < M; m += MAX_ROWS) kernel(xs + m * K, ys + m * N, std::min<int64_t>(MAX_ROWS, M - m));
     return y;
 }
 

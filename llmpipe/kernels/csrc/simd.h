@@ -4,7 +4,7 @@
 #include <omp.h>
 #include <stdint.h>
 
-#define MAX_ROWS 8 /* activation rows per call (the caller splits larger batches) */
+#include "abi.h" /* MAX_ROWS: activation rows per call (the caller splits larger batches) */
 /* The one weight group narrower than a 32-element chunk: INT8 only, two scales a chunk (GGUF Q6_K). */
 #define HALF_GROUP 16
 

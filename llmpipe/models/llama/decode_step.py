@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from llmpipe.config import ModelConfig
+from llmpipe.kernels.abi import ABI
 from llmpipe.kernels.build import library as _library
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.attention_kernel import cache_tensors
@@ -33,7 +34,7 @@ from llmpipe.layers.norm import RMSNorm
 from llmpipe.quant.linear import (FLOAT_BATCH_MIN_ROWS, KERNEL_MAX_BATCH, PANEL_MIN_ROWS, GGMLLinear, Int4Linear,
                                   Int8Linear, Q5_0Linear)
 
-MAX_ROWS = 8  # csrc MAX_ROWS: the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
+MAX_ROWS = ABI["MAX_ROWS"]  # the row kernels' widest run (larger batches go MAX_ROWS rows at a time)
 # Batches up to this many rows take the step: quantized weights as far as their per-op kernels go
 # (above it, dequantizing once for a GEMM wins); float32 weights only up to MAX_ROWS, beyond which
 # MKL's GEMM, reading each weight once for every row, beats re-reading them per run of MAX_ROWS.
@@ -41,10 +42,12 @@ MAX_BATCH = KERNEL_MAX_BATCH
 # With activation quantization on every linear (panels: each weight read once a step for the whole
 # batch, as a GEMM reads it), the step takes decode batches up to this.
 PANEL_MAX_BATCH = 256
-F32, INT4, INT8, Q5_0, GGML = 0, 1, 2, 3, 4
-LINEAR_SLOTS = 10  # csrc LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
-ACTS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1}  # csrc SILU, GELU_TANH
-TABLE_WORD = 2 + 4 * LINEAR_SLOTS + 4 + 3  # csrc LayerDesc.table: the layer's block-table set, set per step
+# The descriptors' layout (csrc/abi.h, which decode_step.c checks its structs against).
+F32, INT4, INT8, Q5_0, GGML = (ABI[f"KIND_{kind}"] for kind in ("F32", "INT4", "INT8", "Q5_0", "GGML"))
+LINEAR_SLOTS = ABI["LINEAR_WORDS"]  # LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
+ACTS = {"silu": ABI["ACT_SILU"], "swish": ABI["ACT_SILU"], "gelu_pytorch_tanh": ABI["ACT_GELU_TANH"],
+        "gelu_new": ABI["ACT_GELU_TANH"]}
+TABLE_WORD = ABI["LAYER_TABLE_WORD"]  # LayerDesc.table: the layer's block-table set, set per step
 
 
 def _ptr(t: torch.Tensor | None) -> int:

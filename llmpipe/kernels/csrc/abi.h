@@ -1,0 +1,24 @@
+/* What the Python side and the C side share, defined once: the C sources and ops.cpp include this
+ * file, and llmpipe/kernels/abi.py reads its #defines (integers, or sums and products of earlier ones).
+ * decode_step.c checks its descriptor structs against the word counts at compile time. */
+#pragma once
+
+#define MAX_ROWS 8 /* activation rows one row-kernel call takes (callers split larger batches) */
+
+/* decode_step.c's LinearDesc as int64 words: kind, bits, weight, scale, offset, bias, N, K, group, panels */
+#define LINEAR_WORDS 10
+/* its LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, table, the cache and its scales */
+#define LAYER_WORDS (2 + 4 * LINEAR_WORDS + 4 + 4 + 2)
+#define LAYER_ROPE_WORD (2 + 4 * LINEAR_WORDS + 4 + 1)
+#define LAYER_TABLE_WORD (LAYER_ROPE_WORD + 2)
+
+/* A LinearDesc's kind */
+#define KIND_F32 0
+#define KIND_INT4 1
+#define KIND_INT8 2
+#define KIND_Q5_0 3
+#define KIND_GGML 4
+
+/* A LayerDesc's act */
+#define ACT_SILU 0
+#define ACT_GELU_TANH 1
