@@ -29,3 +29,12 @@ def test_the_kv_cache_pieces_import_no_model():
     for path in (ROOT / "kv_cache").rglob("*.py"):
         models = sorted(name for name in imports(path) if name.startswith("llmpipe.models"))
         assert not models, f"{path.relative_to(ROOT)} imports {models}"
+
+
+def test_the_c_library_is_reached_only_through_kernels_ops():
+    """One module of op wrappers (vLLM's _custom_ops): nothing else loads the library or calls torch.ops.llmpipe."""
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "kernels" and path.name in ("ops.py", "build.py", "fake.py"):
+            continue
+        text = path.read_text()
+        assert "torch.ops.llmpipe" not in text and "import library" not in text, path.relative_to(ROOT)

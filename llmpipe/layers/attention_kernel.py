@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from llmpipe.kernels.build import library as _library
+from llmpipe.kernels import ops
 from llmpipe.quant.kv import QuantizedKV
 
 
@@ -35,7 +35,7 @@ def cache_tensors(kv_cache) -> tuple[torch.Tensor, torch.Tensor | None] | None:
 
 def usable(q: torch.Tensor, kv_cache) -> bool:
     """A cache the kernels read (cache_tensors) and float32 queries."""
-    return q.dtype == torch.float32 and cache_tensors(kv_cache) is not None and _library() is not None
+    return q.dtype == torch.float32 and cache_tensors(kv_cache) is not None and ops.available()
 
 
 def paged_decode_attention(
@@ -45,7 +45,7 @@ def paged_decode_attention(
     """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D] (float32, or
     an int8 QuantizedKV); the tables and lengths of any integer type."""
     rows, scales = cache_tensors(kv_cache)
-    return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
+    return ops.paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
 
 
 def rope_write_decode_attention(
@@ -55,7 +55,7 @@ def rope_write_decode_attention(
     """A decode-only step's attention in one call: heads [B, H + 2 KVH, D] (the qkv projection,
     rotated in place), RoPE with cos / sin [B, 1, D], K/V written at `slots`, then the decode
     kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
-    return _library().rope_write_decode_attention(
+    return ops.rope_write_decode_attention(
         heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads, scale, window)
 
 

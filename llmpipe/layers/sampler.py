@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from llmpipe.errors import LLMPipeError
-from llmpipe.kernels.build import library
+from llmpipe.kernels import ops
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.structured_output.bitmask import allowed_tokens, any_token_left
 
@@ -122,10 +122,9 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, torch.argmax(dim=-1)'s indices (first maximum; first NaN where one is), for
     [rows, vocab]: float32 CPU rows take the C kernel (kernels/csrc/greedy_argmax.c), several times faster
     than PyTorch's on a large vocabulary."""
-    lib = library()
-    if lib is None or logits.dim() != 2 or logits.dtype != torch.float32 or logits.device.type != "cpu":
+    if not ops.available() or logits.dim() != 2 or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return logits.argmax(dim=-1)
-    return lib.greedy_argmax(logits.contiguous())
+    return ops.greedy_argmax(logits.contiguous())
 
 
 class DeadEndError(LLMPipeError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from llmpipe.kernels.abi import MAX_ROWS
-from llmpipe.kernels.build import library as _library
+from llmpipe.kernels import ops
 
 MIN_ROWS = 2  # one row stays on MKL's matrix-vector product; at most MAX_ROWS (csrc/abi.h)
 
@@ -19,10 +19,10 @@ def usable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         MIN_ROWS <= x.shape[0] <= MAX_ROWS and x.dtype == torch.float32 and weight.dtype == torch.float32
         and x.device.type == "cpu" and weight.shape[1] % 16 == 0 and weight.is_contiguous()
-        and _library() is not None
+        and ops.available()
     )
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T, float32 on CPU (the op takes any M; `usable` picks where it wins)."""
-    return _library().small_batch_linear(x, weight)
+    return ops.small_batch_linear(x, weight)

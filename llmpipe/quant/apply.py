@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from llmpipe.layers.linear import Linear
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.linear import GGMLLinear, Int4Linear, Int8Linear, Q5_0Linear, QuantizedLinear
 
 logger = logging.getLogger(__name__)
@@ -121,10 +121,10 @@ def quantize_activations(model: nn.Module, activation_quantization: str | None) 
     if activation_quantization is None:
         return
     if activation_quantization == "auto":
-        if not kernels.dot_available():
+        if not ops.dot_available():
             return
         activation_quantization = AUTO_ACTIVATIONS
-    if not kernels.dot_available():
+    if not ops.dot_available():
         logger.warning("activation_quantization=%r: the integer-dot kernels are not available; "
                        "activations stay float32", activation_quantization)
         return

@@ -1,11 +1,11 @@
 """Quantized linear layers: drop-in twins of `llmpipe.layers.linear.Linear` holding INT8 or INT4 weights.
 
 Decode (up to KERNEL_MAX_BATCH rows) runs the fused dequantize-matmul kernels of
-`llmpipe.quant.kernels`, which read 4 or 8 bits per weight instead of 32 — decode is bound by
+`llmpipe.kernels.ops`, which read 4 or 8 bits per weight instead of 32 — decode is bound by
 those bytes. Larger batches (prefill) are compute-bound: they dequantize the weight and run the
 float GEMM. Either way the result is the float model's with the dequantized weight, to float32
 rounding. With activation quantization (integer dots), batches of 2 or more rows take the panel
-kernels instead (`kernels.int4_gemm_dot` / `int8_gemm_dot`): the same function as the row
+kernels instead (`ops.int4_gemm_dot` / `int8_gemm_dot`): the same function as the row
 kernels', every weight byte read once for a batch and used for four rows at a time.
 
 Stacked layers (q/k/v, gate/up) receive their checkpoint tensors one shard at a time; quantized
@@ -24,12 +24,12 @@ from torch import nn
 
 from llmpipe.kernels import huge_pages
 from llmpipe.layers.linear import linear
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.formats import Q5_0_BLOCK, GGMLWeight, Int4Weight, Int8Weight, Q5_0Weight, QuantizedWeight
 from llmpipe.quant.rtn import quantize_int4, quantize_int8
 
-CHUNK = kernels.CHUNK
-# Up to this many rows, the kernel runs on slices of kernels.MAX_ROWS (reading the weight once per
+CHUNK = ops.CHUNK
+# Up to this many rows, the kernel runs on slices of ops.MAX_ROWS (reading the weight once per
 # slice); above it, dequantizing once and running the float GEMM is faster (`llmpipe bench latency`).
 KERNEL_MAX_BATCH = 32
 # With a float copy of the weights (EngineConfig.float_batch_weights), this many rows or more go to
@@ -38,7 +38,7 @@ KERNEL_MAX_BATCH = 32
 # tok/s codes vs float copy: 8 rows 104 vs 101, 16 rows 104 vs 119, 32 rows 106 vs 209; a
 # 128-token prefill 445 vs 270 ms).
 FLOAT_BATCH_MIN_ROWS = 16
-# With activation quantization, batches of PANEL_MIN_ROWS or more take the panel kernels. SmolLM2's
+# With activation quantization, batches of PANEL_MIN_ROWS or more take the panel ops. SmolLM2's
 # gate_up (INT4, 3072 x 576), 2 threads, AVX2, GFLOP/s at 4 / 32 / 256 / 2048 rows: panels 87 / 105 /
 # 106 / 97 with 16-bit blocks, 150 / 181 / 180 / 186 with 8-bit; the row kernels (16-bit) 35 / 42 / - /
 # -; dequantize + float GEMM 2 / 24 / 87 / 88. Its LM head (INT8, 49152 x 576, 16-bit blocks as int16
@@ -98,7 +98,7 @@ def _apply_groups(q: torch.Tensor, group_size: int, scale: torch.Tensor, offset:
 
 def _int8_float(q: torch.Tensor, scale: torch.Tensor, group_size: int, in_c: bool) -> torch.Tensor:
     """INT8 codes times their group scales as float: one C pass, or PyTorch's ops (the same values)."""
-    return kernels.int8_dequantize(q, scale, group_size) if in_c else _apply_groups(q.float(), group_size, scale)
+    return ops.int8_dequantize(q, scale, group_size) if in_c else _apply_groups(q.float(), group_size, scale)
 
 
 class QuantizedLinear(nn.Module):
@@ -122,7 +122,7 @@ class QuantizedLinear(nn.Module):
         # the float GEMM, as the exact path.
         self.quantized_prefill = False
         self.float_weight: torch.Tensor | None = None  # kernel_weight() kept, for batches (keep_float_copy)
-        # the codes as the batched kernels' panels (kernels.int4_panels / int8_panels), made on first use
+        # the codes as the batched kernels' panels (ops.int4_panels / int8_panels), made on first use
         self.register_buffer("panels", None, persistent=False)
 
     def keep_float_copy(self) -> None:
@@ -151,7 +151,7 @@ class QuantizedLinear(nn.Module):
             return linear(x.float(), self.float_weight, self.bias).to(x.dtype)
         rows = x.shape[0]
         kernel_rows = every_row or rows <= KERNEL_MAX_BATCH or self._dot_takes(rows)
-        if not kernel_rows or x.device.type != "cpu" or not kernels.available():
+        if not kernel_rows or x.device.type != "cpu" or not ops.available():
             return linear(x, self.kernel_weight().to(x.dtype), self.bias)
         # Decode runs this once per linear per step: no op that is not needed (batch 1, float32: none).
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
@@ -214,10 +214,10 @@ class QuantizedLinear(nn.Module):
         raise NotImplementedError
 
     def _dequantizes_in_c(self) -> bool:
-        """Whether the weight (or an embedding lookup's rows) dequantizes in one C pass (kernels.int4_dequantize
+        """Whether the weight (or an embedding lookup's rows) dequantizes in one C pass (ops.int4_dequantize
         / int8_dequantize: PyTorch's values, without its passes over a float copy per operation): CPU
         buffers, the library built."""
-        return self.scale.device.type == "cpu" and kernels.available()
+        return self.scale.device.type == "cpu" and ops.available()
 
 
 class Int8Linear(QuantizedLinear):
@@ -247,14 +247,14 @@ class Int8Linear(QuantizedLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits:
-            return kernels.int8_linear_dot(x, self.q, self.scale, self.group_size, self.activation_bits)
-        return kernels.int8_linear(x, self.q, self.scale, self.group_size)
+            return ops.int8_linear_dot(x, self.q, self.scale, self.group_size, self.activation_bits)
+        return ops.int8_linear(x, self.q, self.scale, self.group_size)
 
     def make_panels(self) -> torch.Tensor:
-        return kernels.int8_panels(self.q, self.scale, self.group_size)
+        return ops.int8_panels(self.q, self.scale, self.group_size)
 
     def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
+        return ops.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         q, scale = (self.q, self.scale) if rows is None else (self.q[rows], self.scale[rows])
@@ -299,21 +299,21 @@ class Int4Linear(QuantizedLinear):
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits:
-            return kernels.int4_linear_dot(x, self.codes, self.scale, self.offset, self.group_size, self.activation_bits)
-        return kernels.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
+            return ops.int4_linear_dot(x, self.codes, self.scale, self.offset, self.group_size, self.activation_bits)
+        return ops.int4_linear(x, self.codes, self.scale, self.offset, self.group_size)
 
     def make_panels(self) -> torch.Tensor:
-        return kernels.int4_panels(self.codes, self.scale, self.offset, self.group_size)
+        return ops.int4_panels(self.codes, self.scale, self.offset, self.group_size)
 
     def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.int4_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
+        return ops.int4_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         codes, scale, offset = (self.codes, self.scale, self.offset) if rows is None else (
             self.codes[rows], self.scale[rows], self.offset[rows]
         )
         if self._dequantizes_in_c():
-            return kernels.int4_dequantize(codes, scale, offset, self.group_size)
+            return ops.int4_dequantize(codes, scale, offset, self.group_size)
         chunks = codes.view(codes.shape[0], -1, CHUNK // 2)
         q = torch.stack([chunks & 15, chunks >> 4], dim=2).flatten(1).float()
         return _apply_groups(q, self.group_size, scale, offset)
@@ -355,26 +355,26 @@ class Q5_0Linear(QuantizedLinear):
         """(codes q - 16 int8 [out (or rows), in], scales float32 [out (or rows), in / 32]): Int8Linear's q and scale."""
         blocks = self.blocks if rows is None else self.blocks[rows]
         if self._dequantizes_in_c():
-            return kernels.q5_0_unpack(blocks)
+            return ops.q5_0_unpack(blocks)
         weight = Q5_0Weight(blocks).to_int8()
         return weight.q, weight.scale
 
     def kernel(self, x: torch.Tensor) -> torch.Tensor:
         if self.activation_bits:
-            return kernels.q5_0_linear_dot(x, self.blocks, self.activation_bits)
-        return kernels.q5_0_linear(x, self.blocks)
+            return ops.q5_0_linear_dot(x, self.blocks, self.activation_bits)
+        return ops.q5_0_linear(x, self.blocks)
 
     def make_panels(self) -> torch.Tensor:
-        return kernels.int8_panels(*self.int8_form(), self.group_size)
+        return ops.int8_panels(*self.int8_form(), self.group_size)
 
     def panel_kernel(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
+        return ops.int8_gemm_dot(x, self.batch_panels(), self.out_features, self.activation_bits)
 
     def kernel_weight(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         return _int8_float(*self.int8_form(rows), self.group_size, self._dequantizes_in_c())
 
     def _dequantizes_in_c(self) -> bool:
-        return self.blocks.device.type == "cpu" and kernels.available()
+        return self.blocks.device.type == "cpu" and ops.available()
 
 
 # Rows of a weight dequantized at a time where the float path takes a GGML weight: temporaries stay small.
@@ -385,7 +385,7 @@ class GGMLLinear(QuantizedLinear):
     """A GGUF file's own quantized blocks (formats.GGMLWeight), used where they lie: each shard (q, k and v of a
     stacked layer, gate and up) is a segment of rows of one type, held as the tensor the loader gave — a view of
     the file's mapping, so loading copies nothing and the weights are the page cache's pages (shards the loader
-    had to rewrite, such as q and k's rows unpermuted, are its copies). The kernels (`kernels.ggml_linear_dot`)
+    had to rewrite, such as q and k's rows unpermuted, are its copies). The kernels (`ops.ggml_linear_dot`)
     stream the blocks with integer dot products against activation blocks of `activation_bits` (any batch: one
     pass over the weight per call); a stacked layer may mix types (a Q4_K_M file keeps some layers' v in Q6_K).
     Float activations (`activation_bits` None) take the dequantized weight, gguf-py's values, a slice of rows
@@ -429,11 +429,11 @@ class GGMLLinear(QuantizedLinear):
         return self._table[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.activation_bits is None or x.device.type != "cpu" or not kernels.available():
+        if self.activation_bits is None or x.device.type != "cpu" or not ops.available():
             return self._float_forward(x)
         wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
         flat = wide.reshape(-1, self.in_features)
-        y = kernels.ggml_segments_dot(flat, self.segment_table, self.out_features, self.activation_bits)
+        y = ops.ggml_segments_dot(flat, self.segment_table, self.out_features, self.activation_bits)
         y = y.view(*x.shape[:-1], self.out_features)
         if self.bias is not None:
             y = y + self.bias

@@ -10,7 +10,7 @@ import torch
 from llmpipe import LLM, SamplingParams
 from llmpipe.cli import main
 from llmpipe.eval.agreement import AgreementResult, Divergence, greedy_divergences, logit_agreement
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 
 
 class Scores:
@@ -69,7 +69,7 @@ def _greedy(engine, prompt, params, request_id=[0]):
                 return output.outputs[0].token_ids
 
 
-@pytest.mark.skipif(not kernels.dot_available(), reason="needs the integer-dot kernels")
+@pytest.mark.skipif(not ops.dot_available(), reason="needs the integer-dot kernels")
 def test_agreement_command_writes_its_figures(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "agreement.json"
     main(["eval", "agreement", "--model", str(tiny_checkpoint("llama_gqa")), "--quantization", "int4",

@@ -20,7 +20,7 @@ from llmpipe.kernels import build
 from llmpipe.layers import attention_kernel, small_batch
 from llmpipe.layers.attention import decode_attention
 from llmpipe.layers.linear import linear
-from llmpipe.quant import kernels as lowbit
+from llmpipe.kernels import ops as lowbit
 from llmpipe.quant.linear import Int4Linear, Int8Linear
 
 COMPILER = shutil.which("cc") or shutil.which("gcc")

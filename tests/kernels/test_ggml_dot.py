@@ -1,4 +1,4 @@
-"""The GGML kernels (csrc/ggml_rows.h, `kernels.ggml_linear_dot`): a GGUF file's own blocks of every type they
+"""The GGML kernels (csrc/ggml_rows.h, `ops.ggml_linear_dot`): a GGUF file's own blocks of every type they
 read, against gguf-py's dequantized weight times the float activations, on random blocks and on weights that
 gguf-py quantized, through each ISA, one- and two-plane activations and batches of every row-run length."""
 
@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from llmpipe.kernels import build
 from llmpipe.loader.gguf_weights import GGML_TYPES
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS
 
 pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FMA, a C compiler and ninja")
@@ -46,8 +46,8 @@ def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
     reference = x.double() @ w.double().T
     for bits in (8, 16):
         bound = error_bound(x, w, bits)
-        for isa in kernels.ggml_isas():
-            y = kernels.ggml_linear_dot(x, torch.from_numpy(raw), int(qtype), bits, isa)
+        for isa in ops.ggml_isas():
+            y = ops.ggml_linear_dot(x, torch.from_numpy(raw), int(qtype), bits, isa)
             assert y.shape == (x.shape[0], raw.shape[0]) and y.dtype == torch.float32
             err = (y.double() - reference).abs()
             assert (err <= bound).all(), f"{qtype.name} bits {bits} isa {isa}: {(err - bound).max().item()} over"
@@ -87,10 +87,10 @@ def test_any_shape(qtype, rows, n, blocks, seed):
 
 def test_an_empty_batch_and_bad_blocks():
     raw = torch.from_numpy(random_blocks(Q.Q4_K, 4, 256, 0))
-    assert kernels.ggml_linear_dot(torch.empty(0, 256), raw, int(Q.Q4_K)).shape == (0, 4)
+    assert ops.ggml_linear_dot(torch.empty(0, 256), raw, int(Q.Q4_K)).shape == (0, 4)
     with pytest.raises(RuntimeError, match="do not hold rows"):
-        kernels.ggml_linear_dot(torch.randn(1, 512), raw, int(Q.Q4_K))  # 512 inputs, one super-block a row
+        ops.ggml_linear_dot(torch.randn(1, 512), raw, int(Q.Q4_K))  # 512 inputs, one super-block a row
     with pytest.raises(RuntimeError, match="has no kernel"):
-        kernels.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q2_K))
+        ops.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q2_K))
     with pytest.raises(RuntimeError, match="bits"):
-        kernels.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q4_K), bits=4)
+        ops.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q4_K), bits=4)

@@ -14,11 +14,11 @@ from llmpipe.layers.attention import AttentionMetadata, paged_attention, referen
 from llmpipe.layers.linear import SPLIT_MAX_ROWS, linear
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
 from llmpipe.layers.sampler import argmax_rows
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.formats import Int8Weight, Q5_0Weight
 from llmpipe.quant.linear import KERNEL_MAX_BATCH, Int4Linear, Int8Linear, Q5_0Linear, decode_numerics
 
-MAX = kernels.MAX_ROWS
+MAX = ops.MAX_ROWS
 ROWS = (0, 1, MAX, MAX + 1)
 PANEL_ROWS = ROWS + (4, 5, 2 * MAX + 1)  # the panels' tiles of 4 rows and the 1-3 left over
 LAYER_ROWS = ROWS + (KERNEL_MAX_BATCH, KERNEL_MAX_BATCH + 1)
@@ -36,7 +36,7 @@ def int4_weight() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
     """(packed codes [N, K / 2], scale, offset, the codes unpacked [N, K]) as Int4Linear packs them."""
     torch.manual_seed(0)
     q = torch.randint(0, 16, (N, K), dtype=torch.uint8)
-    chunks = q.view(N, -1, 2, kernels.CHUNK // 2)
+    chunks = q.view(N, -1, 2, ops.CHUNK // 2)
     packed = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).flatten(1).contiguous()
     return packed, torch.rand(N, K // GROUP) / 10, torch.randn(N, K // GROUP) / 10, q
 
@@ -74,43 +74,43 @@ def rows_of(rows: int) -> torch.Tensor:
 def test_the_float_activation_row_kernels(rows):
     x = rows_of(rows)
     codes, scale, offset, q = int4_weight()
-    assert_close(kernels.int4_linear(x, codes, scale, offset, GROUP), x.double() @ int4_dense(q, scale, offset).T, rows)
+    assert_close(ops.int4_linear(x, codes, scale, offset, GROUP), x.double() @ int4_dense(q, scale, offset).T, rows)
     for group in (K, 32, 16):  # per channel, Q8_0, Q6_K's half chunks
         q8, s8 = int8_weight(group)
-        assert_close(kernels.int8_linear(x, q8, s8, group), x.double() @ int8_dense(q8, s8, group).T, rows)
+        assert_close(ops.int8_linear(x, q8, s8, group), x.double() @ int8_dense(q8, s8, group).T, rows)
     five = Q5_0Weight(q5_0_blocks()).to_int8()  # PyTorch's unpacking of the blocks
-    assert_close(kernels.q5_0_linear(x, q5_0_blocks()), x.double() @ int8_dense(five.q, five.scale, 32).T, rows)
+    assert_close(ops.q5_0_linear(x, q5_0_blocks()), x.double() @ int8_dense(five.q, five.scale, 32).T, rows)
 
 
 @needs_library
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
 @pytest.mark.parametrize("rows", ROWS)
 def test_the_integer_dot_row_kernels(rows, bits):
     x = rows_of(rows)
     codes, scale, offset, q = int4_weight()
-    want = kernels.reference_dot_linear(x, q, scale, offset, GROUP, bits)
-    assert_close(kernels.int4_linear_dot(x, codes, scale, offset, GROUP, bits), want, rows, 1e-6)
+    want = ops.reference_dot_linear(x, q, scale, offset, GROUP, bits)
+    assert_close(ops.int4_linear_dot(x, codes, scale, offset, GROUP, bits), want, rows, 1e-6)
     for group in (K, 32, 16):
         q8, s8 = int8_weight(group)
-        want = kernels.reference_dot_linear(x, q8, s8, None, group, bits)
-        assert_close(kernels.int8_linear_dot(x, q8, s8, group, bits), want, rows, 1e-6)
+        want = ops.reference_dot_linear(x, q8, s8, None, group, bits)
+        assert_close(ops.int8_linear_dot(x, q8, s8, group, bits), want, rows, 1e-6)
     five = Q5_0Weight(q5_0_blocks()).to_int8()
-    want = kernels.reference_dot_linear(x, five.q, five.scale, None, 32, bits)
-    assert_close(kernels.q5_0_linear_dot(x, q5_0_blocks(), bits), want, rows, 1e-6)
+    want = ops.reference_dot_linear(x, five.q, five.scale, None, 32, bits)
+    assert_close(ops.q5_0_linear_dot(x, q5_0_blocks(), bits), want, rows, 1e-6)
 
 
 @needs_library
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
 @pytest.mark.parametrize("rows", PANEL_ROWS)
 def test_the_panel_kernels(rows, bits):
     x = rows_of(rows)
     codes, scale, offset, q = int4_weight()
-    want = kernels.reference_dot_linear(x, q, scale, offset, GROUP, bits)
-    assert_close(kernels.int4_gemm_dot(x, kernels.int4_panels(codes, scale, offset, GROUP), N, bits), want, rows, 1e-6)
+    want = ops.reference_dot_linear(x, q, scale, offset, GROUP, bits)
+    assert_close(ops.int4_gemm_dot(x, ops.int4_panels(codes, scale, offset, GROUP), N, bits), want, rows, 1e-6)
     for group in (K, 32, 16):
         q8, s8 = int8_weight(group)
-        want = kernels.reference_dot_linear(x, q8, s8, None, group, bits)
-        assert_close(kernels.int8_gemm_dot(x, kernels.int8_panels(q8, s8, group), N, bits), want, rows, 1e-6)
+        want = ops.reference_dot_linear(x, q8, s8, None, group, bits)
+        assert_close(ops.int8_gemm_dot(x, ops.int8_panels(q8, s8, group), N, bits), want, rows, 1e-6)
 
 
 @needs_library

@@ -16,7 +16,7 @@ BLOCK, NUM_BLOCKS = 4, 64
 @pytest.mark.parametrize("kernel", [True, False], ids=["C-decode", "PyTorch-decode"])
 def test_mixed_decode_and_prefill_batch_matches_reference(window, heads, kernel, monkeypatch):
     HEADS, KV_HEADS, DIM = heads
-    if kernel and attention_kernel._library() is None:
+    if kernel and not attention_kernel.ops.available():
         pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
     if not kernel:
         monkeypatch.setattr(attention_kernel, "usable", lambda q, kv_cache: False)
@@ -65,7 +65,7 @@ def test_the_c_decode_attention_reads_an_int8_cache_as_its_dequantized_values(wi
     `QuantizedKV.read`'s values."""
     from llmpipe.quant.kv import QuantizedKV
 
-    if attention_kernel._library() is None:
+    if not attention_kernel.ops.available():
         pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
     HEADS, KV_HEADS, DIM = 9, 3, 64
     torch.manual_seed(0)
@@ -93,7 +93,7 @@ def test_the_c_decode_attention_over_long_contexts_matches_reference(cache_kind,
     over the threads (their positions split in parts, merged by softmax maxima and sums)."""
     from llmpipe.quant.kv import QuantizedKV
 
-    if attention_kernel._library() is None:
+    if not attention_kernel.ops.available():
         pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
     HEADS, KV_HEADS, DIM = heads
     block, num_blocks = 16, 80
@@ -132,7 +132,7 @@ def test_fused_rope_write_decode_equals_rotary_then_paged_attention(window):
     not contracted into FMAs) and the same attention as apply_rotary + paged_attention."""
     from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
 
-    if attention_kernel._library() is None:
+    if not attention_kernel.ops.available():
         pytest.skip("no C compiler / AVX2: the PyTorch path is the only one")
     HEADS, KV_HEADS, DIM = 9, 3, 64
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ from llmpipe.layers import small_batch
 from llmpipe.layers.linear import linear
 
 
-@pytest.mark.skipif(small_batch._library() is None, reason="needs AVX2 + FMA and a C compiler")
+@pytest.mark.skipif(not small_batch.ops.available(), reason="needs AVX2 + FMA and a C compiler")
 @pytest.mark.parametrize("rows", range(small_batch.MIN_ROWS, small_batch.MAX_ROWS + 1))
 def test_kernel_matches_matmul(rows):
     torch.manual_seed(rows)

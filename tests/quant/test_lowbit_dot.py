@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from llmpipe import LLM, SamplingParams
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.apply import quantize_prefill
 from llmpipe.quant import linear as linear_module
 from llmpipe.quant.linear import PANEL_MAX_ROWS, Int4Linear, Int8Linear, QuantizedLinear, decode_numerics
 
-pytestmark = pytest.mark.skipif(not kernels.dot_available(), reason="needs AVX2 + FMA and a C compiler")
+pytestmark = pytest.mark.skipif(not ops.dot_available(), reason="needs AVX2 + FMA and a C compiler")
 SHAPES = [(96, 64), (50, 576), (64, 96), (33, 1536), (40, 160)]  # K = 96, 160: odd chunk counts; 576 at g128: a narrow last group
 
 
 def int4_codes(layer: Int4Linear) -> torch.Tensor:
-    chunks = layer.codes.view(layer.codes.shape[0], -1, kernels.CHUNK // 2)
+    chunks = layer.codes.view(layer.codes.shape[0], -1, ops.CHUNK // 2)
     return torch.stack([chunks & 15, chunks >> 4], dim=2).flatten(1)
 
 
@@ -25,8 +25,8 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     assert ((got.double() - want).norm() / want.norm()).item() < 1e-6
 
 
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
-@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
+@pytest.mark.parametrize("isa", ops.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
@@ -34,14 +34,14 @@ def test_int4_dot_kernel_equals_its_reference(shape, group, isa, bits):
     torch.manual_seed(out_features + group)
     layer = Int4Linear(in_features, out_features, False, group)
     layer.load_shard(None, torch.randn(out_features, in_features))
-    for rows in range(1, kernels.MAX_ROWS + 1):
+    for rows in range(1, ops.MAX_ROWS + 1):
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int4_linear_dot(x, layer.codes, layer.scale, layer.offset, group, bits, isa)
-        assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
+        got = ops.int4_linear_dot(x, layer.codes, layer.scale, layer.offset, group, bits, isa)
+        assert_close(got, ops.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
 
 
-@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("isa", ops.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
 @pytest.mark.parametrize("group", [32, 64, 128])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_int4_panel_kernel_equals_its_reference(shape, group, bits, isa):
@@ -51,15 +51,15 @@ def test_int4_panel_kernel_equals_its_reference(shape, group, bits, isa):
     layer = Int4Linear(in_features, out_features, False, group)
     layer.load_shard(None, torch.randn(out_features, in_features))
     panels = layer.batch_panels()
-    assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 192)
+    assert panels.shape == (-(-out_features // ops.PANEL), layer.padded_in // ops.CHUNK, 192)
     for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int4_gemm_dot(x, panels, out_features, bits, isa)
-        assert_close(got, kernels.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
+        got = ops.int4_gemm_dot(x, panels, out_features, bits, isa)
+        assert_close(got, ops.reference_dot_linear(x, int4_codes(layer), layer.scale, layer.offset, group, bits))
 
 
-@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("isa", ops.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
 @pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_int8_panel_kernel_equals_its_reference(shape, group, bits, isa):
@@ -69,17 +69,17 @@ def test_int8_panel_kernel_equals_its_reference(shape, group, bits, isa):
     layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))  # -128 too: |w| must not overflow
     layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
     panels = layer.batch_panels()
-    assert panels.shape == (-(-out_features // kernels.PANEL), layer.padded_in // kernels.CHUNK, 320)
+    assert panels.shape == (-(-out_features // ops.PANEL), layer.padded_in // ops.CHUNK, 320)
     for rows in [1, 2, 3, 4, 5, 7, 8, 13, 33]:
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int8_gemm_dot(x, panels, out_features, bits, isa)
-        assert_close(got, kernels.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
+        got = ops.int8_gemm_dot(x, panels, out_features, bits, isa)
+        assert_close(got, ops.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
 
 
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
 def test_the_vnni_panels_give_the_avx2_panels_results_bit_for_bit(bits):
     """The same integer dots (dpbusd / dpwssd for maddubs / madd), the same float steps after them."""
-    if 1 not in kernels.dot_isas():
+    if 1 not in ops.dot_isas():
         pytest.skip("no AVX512-VNNI on this CPU: the AVX2 panels are the only ones")
     torch.manual_seed(3)
     int4 = Int4Linear(96, 40, False, 32)
@@ -87,7 +87,7 @@ def test_the_vnni_panels_give_the_avx2_panels_results_bit_for_bit(bits):
     int8 = Int8Linear(96, 40, False, 16)
     int8.q.copy_(torch.randint(-128, 128, int8.q.shape, dtype=torch.int8))
     int8.scale.copy_(torch.rand(int8.scale.shape) / 100)
-    for layer, op in ((int4, kernels.int4_gemm_dot), (int8, kernels.int8_gemm_dot)):
+    for layer, op in ((int4, ops.int4_gemm_dot), (int8, ops.int8_gemm_dot)):
         x = layer.kernel_input(torch.randn(11, 96))
         avx2, vnni = (op(x, layer.batch_panels(), 40, bits, isa) for isa in (0, 1))
         assert torch.equal(avx2, vnni)
@@ -133,8 +133,8 @@ def test_in_an_engine_step_a_layer_takes_the_decode_numerics_at_any_batch_size()
     assert not torch.allclose(decode, exact, rtol=0, atol=1e-9)  # the two numerics do differ
 
 
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
-@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
+@pytest.mark.parametrize("isa", ops.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("group", [None, 32, 16], ids=["per-channel", "q8_0", "q6_k"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_int8_dot_kernel_equals_its_reference(shape, group, isa, bits):
@@ -143,15 +143,15 @@ def test_int8_dot_kernel_equals_its_reference(shape, group, isa, bits):
     layer = Int8Linear(in_features, out_features, False, group)
     layer.q.copy_(torch.randint(-128, 128, layer.q.shape, dtype=torch.int8))  # -128 too: |w| must not overflow
     layer.scale.copy_(torch.rand(layer.scale.shape) / 100)
-    for rows in range(1, kernels.MAX_ROWS + 1):
+    for rows in range(1, ops.MAX_ROWS + 1):
         x = layer.kernel_input(torch.randn(rows, in_features))
-        got = kernels.int8_linear_dot(x, layer.q, layer.scale, layer.group_size, bits, isa)
-        assert_close(got, kernels.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
+        got = ops.int8_linear_dot(x, layer.q, layer.scale, layer.group_size, bits, isa)
+        assert_close(got, ops.reference_dot_linear(x, layer.q, layer.scale, None, layer.group_size, bits))
 
 
 def test_activation_blocks_round_half_to_even_within_127():
     x = torch.tensor([[127.0, 0.5, 1.5, -2.5, -127.0] + [0.0] * 27, [0.0] * 32])
-    codes, scales = kernels.quantize_activations(x)
+    codes, scales = ops.quantize_activations(x)
     assert codes[0, :5].tolist() == [127, 0, 2, -2, -127] and scales[0].item() == 1.0
     assert codes[1].abs().sum() == 0 and scales[1].item() == 0  # an all-zero block stays zero
 
@@ -160,7 +160,7 @@ def test_sixteen_bit_blocks_stay_within_their_two_planes():
     """16-bit codes are 128 * hi + lo with hi in [-127, 127] (INT8's sign trick negates it) and lo in
     [0, 127]: the extremes of a block land exactly on +-16256, and a plane split of every code is exact."""
     x = torch.tensor([[-3.0, 3.0, 1.0, -1.0] + [0.001 * i for i in range(28)]])
-    codes, scales = kernels.quantize_activations(x, 16)
+    codes, scales = ops.quantize_activations(x, 16)
     assert codes[0, :4].tolist() == [-16256, 16256, 5419, -5419] and scales[0].item() == pytest.approx(3 / 16256)
     hi, lo = torch.div(codes, 128, rounding_mode="floor"), torch.remainder(codes, 128)
     assert hi.abs().max() <= 127 and lo.min() >= 0 and lo.max() <= 127 and torch.equal(hi * 128 + lo, codes)
@@ -173,7 +173,7 @@ def test_quantized_activations_stay_near_the_exact_product(bits, bound):
     layer.load_shard(None, torch.randn(256, 576))
     x = torch.randn(1, 576)
     exact = x.double() @ layer.dequantize().double().T
-    fast = kernels.int4_linear_dot(layer.kernel_input(x), layer.codes, layer.scale, layer.offset, 32, bits)
+    fast = ops.int4_linear_dot(layer.kernel_input(x), layer.codes, layer.scale, layer.offset, 32, bits)
     assert ((fast.double() - exact).norm() / exact.norm()).item() < bound
 
 
@@ -181,9 +181,9 @@ def reference_forward(self: QuantizedLinear, x: torch.Tensor, bits: int) -> torc
     """QuantizedLinear.forward as the integer-dot reference computes it, for any row count."""
     wide = self.kernel_input(x).float()
     if isinstance(self, Int4Linear):
-        y = kernels.reference_dot_linear(wide, int4_codes(self), self.scale, self.offset, self.group_size, bits)
+        y = ops.reference_dot_linear(wide, int4_codes(self), self.scale, self.offset, self.group_size, bits)
     else:
-        y = kernels.reference_dot_linear(wide, self.q, self.scale, None, self.group_size, bits)
+        y = ops.reference_dot_linear(wide, self.q, self.scale, None, self.group_size, bits)
     y = y.float()
     return y if self.bias is None else y + self.bias
 
@@ -222,7 +222,7 @@ def test_quantized_activations_reach_every_quantized_layer_in_prefill_and_decode
 def test_long_prefill_chunks_take_the_float_gemm_unless_asked(tiny_checkpoint):
     """With 16-bit blocks, past PANEL_MAX_ROWS[16] rows a layer computes the exact product (the float
     GEMM), as a layer with float activations does; up to it (decode batches, short prompts) the integer
-    kernels. With 8-bit blocks the integer kernels take every batch."""
+    ops. With 8-bit blocks the integer kernels take every batch."""
     path = str(tiny_checkpoint("llama_gqa"))
     for activations, bits in (("int16", 16), ("int8", 8)):
         llm = LLM(path, progress=False, quantization="int4", group_size=32, activation_quantization=activations)

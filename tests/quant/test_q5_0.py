@@ -9,11 +9,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.formats import Q5_0Weight
 from llmpipe.quant.linear import Int8Linear, Q5_0Linear, decode_numerics
 
-pytestmark = pytest.mark.skipif(not kernels.dot_available(), reason="needs AVX2 + FMA and a C compiler")
+pytestmark = pytest.mark.skipif(not ops.dot_available(), reason="needs AVX2 + FMA and a C compiler")
 SHAPES = [(67, 640), (40, 96), (9, 32)]  # odd row counts (a batch-1 pair left over); 1 and 3 blocks a row
 
 
@@ -32,7 +32,7 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_the_c_unpacking_gives_ggmls_weights_as_int8_codes_and_scales(shape):
     blocks, weight = q5_0_blocks(*shape)
-    codes, scale = kernels.q5_0_unpack(blocks)
+    codes, scale = ops.q5_0_unpack(blocks)
     assert codes.dtype == torch.int8 and int(codes.min()) >= -16 and int(codes.max()) <= 15
     assert torch.equal((codes.float().unflatten(1, (-1, 32)) * scale[..., None]).flatten(1), weight)
     python = Q5_0Weight(blocks).to_int8()
@@ -42,25 +42,25 @@ def test_the_c_unpacking_gives_ggmls_weights_as_int8_codes_and_scales(shape):
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_the_exact_q5_0_kernel_is_the_int8_kernel_on_the_unpacked_codes(shape):
     blocks, weight = q5_0_blocks(*shape)
-    codes, scale = kernels.q5_0_unpack(blocks)
-    for rows in range(1, kernels.MAX_ROWS + 1):
+    codes, scale = ops.q5_0_unpack(blocks)
+    for rows in range(1, ops.MAX_ROWS + 1):
         x = torch.randn(rows, shape[1])
-        got = kernels.q5_0_linear(x, blocks)
-        assert torch.equal(got, kernels.int8_linear(x, codes, scale, 32))
+        got = ops.q5_0_linear(x, blocks)
+        assert torch.equal(got, ops.int8_linear(x, codes, scale, 32))
         assert relative_error(got, x.double() @ weight.double().T) < 1e-6
 
 
-@pytest.mark.parametrize("bits", kernels.ACTIVATION_BITS)
-@pytest.mark.parametrize("isa", kernels.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
+@pytest.mark.parametrize("bits", ops.ACTIVATION_BITS)
+@pytest.mark.parametrize("isa", ops.dot_isas(), ids=lambda i: ["avx2", "vnni"][i])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_the_integer_dot_q5_0_kernel_is_the_int8_one_on_the_unpacked_codes(shape, isa, bits):
     blocks, _ = q5_0_blocks(*shape)
-    codes, scale = kernels.q5_0_unpack(blocks)
-    for rows in range(1, kernels.MAX_ROWS + 1):
+    codes, scale = ops.q5_0_unpack(blocks)
+    for rows in range(1, ops.MAX_ROWS + 1):
         x = torch.randn(rows, shape[1])
-        got = kernels.q5_0_linear_dot(x, blocks, bits, isa)
-        assert torch.equal(got, kernels.int8_linear_dot(x, codes, scale, 32, bits, isa))
-        assert relative_error(got, kernels.reference_dot_linear(x, codes, scale, None, 32, bits)) < 1e-6
+        got = ops.q5_0_linear_dot(x, blocks, bits, isa)
+        assert torch.equal(got, ops.int8_linear_dot(x, codes, scale, 32, bits, isa))
+        assert relative_error(got, ops.reference_dot_linear(x, codes, scale, None, 32, bits)) < 1e-6
 
 
 def twin_layers(out_features: int, in_features: int, bias: bool) -> tuple[Q5_0Linear, Int8Linear]:
@@ -74,7 +74,7 @@ def twin_layers(out_features: int, in_features: int, bias: bool) -> tuple[Q5_0Li
     return q5, q8
 
 
-@pytest.mark.parametrize("activation_bits", [None, *kernels.ACTIVATION_BITS])
+@pytest.mark.parametrize("activation_bits", [None, *ops.ACTIVATION_BITS])
 def test_a_q5_0_layer_computes_what_int8linear_computes_on_the_same_weight(activation_bits):
     """Batch 1, row-kernel batches, panels (with activation quantization), the float GEMM past 32 rows,
     and every row in an engine step: the same bits as Int8Linear, and the same embedding rows."""

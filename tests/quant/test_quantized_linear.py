@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llmpipe.quant import kernels
+from llmpipe.kernels import ops
 from llmpipe.quant.formats import Int4Weight, Int8Weight
 from llmpipe.quant.linear import Int4Linear, Int8Linear
 
@@ -119,14 +119,14 @@ def test_embedding_rows_are_the_dequantized_weight_rows():
 
 def test_layers_fall_back_to_dequantize_without_the_kernels(monkeypatch):
     layer, weight = int4_layer(96, 64, 32)
-    monkeypatch.setattr(kernels, "available", lambda: False)
+    monkeypatch.setattr(ops, "available", lambda: False)
     assert_matches_reference(layer, weight)
 
 
 def assert_c_dequantizes_to_pytorchs_bits(layer, monkeypatch) -> None:
     """The C pass — whole weights (the float GEMM of long prefill chunks) and an embedding lookup's rows
     — against the PyTorch dequantization: equal bit for bit, narrow last groups included."""
-    if not kernels.available():
+    if not ops.available():
         pytest.skip("no C compiler / AVX2: PyTorch dequantizes")
     assert layer._dequantizes_in_c()
     rows = torch.tensor([0, layer.out_features - 1, 3, 0])

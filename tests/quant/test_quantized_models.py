@@ -63,10 +63,10 @@ def test_quantized_weights_take_fewer_bytes(tiny_checkpoint):
 def test_the_default_sixteen_bit_activations_stay_near_the_dequantized_model(tiny_checkpoint, case):
     """The default ("auto"): 16-bit activation blocks in the integer-dot kernels wherever they run
     (decode-sized batches: here a 6-token prompt), near the dequantized model's logits."""
-    from llmpipe.quant import kernels
+    from llmpipe.kernels import ops
     from llmpipe.quant.linear import QuantizedLinear
 
-    if not kernels.dot_available():
+    if not ops.dot_available():
         pytest.skip("needs the integer-dot kernels")
     name, quantization, group = case
     path = tiny_checkpoint(name)

@@ -17,7 +17,7 @@
 #include "lowbit_panels.h"
 
 /* y[M, N] (any M) = x[M, K] @ W^T, x quantized here to `bits` 8 or 16; panels [ceil(N / 8), K / 32,
- * INT4_PANEL_BYTES or INT8_PANEL_BYTES] (quant/kernels.py lays them out). Requires K % 32 == 0. `isa`: 0
+ * INT4_PANEL_BYTES or INT8_PANEL_BYTES] (kernels/ops.py lays them out). Requires K % 32 == 0. `isa`: 0
  * AVX2, 1 VNNI where the CPU has it (the same integers either way). */
 static void gemm_dot(int kind, const float *x, const uint8_t *panels, float *y, int64_t M, int64_t N, int64_t K,
                      int64_t bits, int64_t isa) {

@@ -26,7 +26,7 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.kernels.abi import ABI
-from llmpipe.kernels.build import library as _library
+from llmpipe.kernels import ops
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.layers.attention_kernel import cache_tensors
 from llmpipe.layers.linear import Linear
@@ -144,7 +144,7 @@ class LlamaDecodeStep:
             return None
         built = [layer_slots(layer, cfg) for layer in layers]
         scales = {layer.self_attn.scale for layer in layers}
-        if any(b is None for b in built) or len(scales) != 1 or _library() is None:
+        if any(b is None for b in built) or len(scales) != 1 or not ops.available():
             return None
         tensors = [t for layer in layers for t in list(layer.parameters()) + list(layer.buffers())]
         tensors += [t for _, extra in built for t in extra]
@@ -234,8 +234,7 @@ def decode_step_op(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tens
     end where given) and the KV pool (every layer's cache, through the addresses in `descriptors`; int8
     caches: their codes, and kv_scales their scales) are written in place. cos / sin [R, B, head dim];
     slots [S, B], tables [S, B, W], lens [S, B]. sizes: hidden, heads, KV heads, head dim, blocks, block size."""
-    _library().decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale,
-                           final_norm)
+    ops.decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale, final_norm)
 
 
 class FusedDecodeBody:

@@ -1,4 +1,7 @@
-"""The low-bit decode kernels, the torch ops torch.ops.llmpipe.* (kernels/csrc/ops.cpp): float activations
+"""Every op of llmpipe's C kernels (torch.ops.llmpipe.*, kernels/csrc/ops.cpp) as a Python function, in one
+module (vLLM's _custom_ops): the callers' only way to the library.
+
+The low-bit decode kernels: float activations
 (kernels/csrc/lowbit_linear.c, the exact path) or activation blocks quantized to 8 or 16 bits meeting the codes in integer dot
 products (kernels/csrc/lowbit_dot.c, as llama.cpp computes with 8; `reference_dot_linear` is their
 PyTorch reference).
@@ -188,3 +191,37 @@ def reference_dot_linear(x: torch.Tensor, weight_codes: torch.Tensor, scale: tor
         group_sums.index_add_(1, torch.arange(x.shape[1]) // group, x_q)
         y += group_sums @ offset.double().T
     return y
+
+
+# ---- the other layers' ops -----------------------------------------------------------------------------
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T in float32 (kernels/csrc/small_batch_linear.c)."""
+    return _library().small_batch_linear(x, weight)
+
+
+def paged_decode_attention(q: torch.Tensor, rows: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor,
+                           scale: float, window: int | None, scales: torch.Tensor | None) -> torch.Tensor:
+    """kernels/csrc/paged_attention.c: decode queries against a paged cache's rows (int8 ones with their scales)."""
+    return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
+
+
+def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
+                                slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,
+                                scale: float, window: int | None) -> torch.Tensor:
+    return _library().rope_write_decode_attention(heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads,
+                                                  scale, window)
+
+
+def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,
+                cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                sizes: list[int], eps: float, scale: float, final_norm: torch.Tensor | None) -> None:
+    """kernels/csrc/decode_step.c: every layer of a decode batch, in place (descriptors: csrc/abi.h's words)."""
+    _library().decode_step(x, kv_pool, kv_scales, descriptors, cos, sin, slots, tables, lens, sizes, eps, scale,
+                           final_norm)
+
+
+def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Each float32 row's argmax (kernels/csrc/greedy_argmax.c)."""
+    return _library().greedy_argmax(logits)
