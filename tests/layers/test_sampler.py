@@ -43,6 +43,20 @@ def test_filter_matches_reference_distribution(temperature, top_k, top_p, min_p)
     np.testing.assert_allclose(ours, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("spread", [4.0, 0.3], ids=["peaked: the sets end within the candidates", "flat: they reach past them"])
+def test_filter_of_a_batch_over_a_large_vocabulary_matches_the_reference(spread):
+    """A batch mixing rules over 5,000 tokens: rows whose sets end among the most likely CANDIDATES tokens and,
+    with a flat distribution, rows whose nucleus goes on past them (ranked in full) give the reference's sets."""
+    logits = torch.randn(4, 5000, generator=torch.Generator().manual_seed(5)) * spread
+    settings = [(1.0, 0, 0.95, 0.0), (0.8, 300, 1.0, 0.0), (1.2, 0, 1.0, 0.02), (0.9, 40, 0.99, 0.01)]
+    rows = [row(SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m)) for t, k, p, m in settings]
+    scaled = logits / torch.tensor([t for t, *_ in settings])[:, None]
+    filtered = filter_top_k_top_p_min_p(scaled, rows)
+    for i, (t, k, p, m) in enumerate(settings):
+        expected = reference_filtered_probs(logits[i].numpy(), t, k, p, m)
+        np.testing.assert_allclose(filtered[i].softmax(-1).double().numpy(), expected, atol=1e-6)
+
+
 def test_sampled_frequencies_follow_filtered_distribution():
     logits = torch.randn(1, 30, generator=torch.Generator().manual_seed(7)) * 1.5
     params = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
