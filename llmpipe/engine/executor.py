@@ -16,7 +16,8 @@ from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import SchedulerOutput
-from llmpipe.engine.token_sampler import ModelOutput, TokenSampler
+from llmpipe.engine.model_output import ModelOutput
+from llmpipe.engine.token_sampler import TokenSampler
 from llmpipe.kernels import huge_pages
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.memory_check import auto_kv_pool, available_bytes, check_fits

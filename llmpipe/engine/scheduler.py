@@ -26,7 +26,7 @@ from llmpipe.engine.block_manager import BlockManager
 from llmpipe.engine.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
-    from llmpipe.engine.token_sampler import ModelOutput
+    from llmpipe.engine.model_output import ModelOutput
     from llmpipe.engine.stop_rules import StopRules
     from llmpipe.spec import Proposal
 

@@ -15,7 +15,7 @@ from llmpipe.structured_output import StructuredOutputManager
 from llmpipe.structured_output.manager import GRAMMAR_END, GrammarExhausted
 
 if TYPE_CHECKING:
-    from llmpipe.engine.token_sampler import SampledTokens
+    from llmpipe.engine.model_output import SampledTokens
 
 logger = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from llmpipe.engine.core_messages import RawLogprob, SpecDecodeStats
+from llmpipe.engine.model_output import ModelOutput, SampledTokens
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.engine.sequence import Sequence
 from llmpipe.layers.sampler import DeadEndError, SamplingRow, adjusted_logits, ranked_logprobs, sample, topn_logprobs
@@ -28,23 +28,6 @@ from llmpipe.structured_output.bitmask import any_token_left
 
 logger = logging.getLogger(__name__)
 PROMPT_LOGPROB_SLICE = 256  # prompt rows turned into logprobs at a time
-
-
-@dataclass
-class SampledTokens:
-    token_ids: list[int]
-    logprobs: list[RawLogprob | None]  # one per token (None where the request asked none)
-
-
-@dataclass
-class ModelOutput:
-    """What one batch produced, keyed by sequence, in the order the sequences sampled."""
-
-    sampled: dict[Sequence, SampledTokens] = field(default_factory=dict)
-    prompt_logprobs: dict[Sequence, list[RawLogprob]] = field(default_factory=dict)
-    failed: dict[Sequence, str] = field(default_factory=dict)  # the sequence's own fault → its error
-    # Requests whose prompt logprobs failed: each fails whole (its other samples would start from this one's blocks).
-    failed_requests: dict[str, str] = field(default_factory=dict)
 
 
 class TokenSampler:
