@@ -43,21 +43,18 @@ def replica_app(index: int, engine_kwargs: dict, num_cpus: float, before_step: C
 
 def serve_options(args: dict[str, Any]) -> argparse.Namespace:
     """`llmpipe serve`'s options (defaults included) from a dict of their snake_case names."""
-    from llmpipe.cli import build_parser
+    from llmpipe.server.serve_args import add_serve_args
 
-    parser = build_parser()
-    parsed = parser.parse_args(["serve", "--model", str(args.get("model", "smollm2-135m-instruct"))])
+    parser = argparse.ArgumentParser(prog="llmpipe serve")
+    add_serve_args(parser)
+    parsed = parser.parse_args(["--model", str(args.get("model", "smollm2-135m-instruct"))])
     unknown = sorted(set(args) - set(vars(parsed)))
     if unknown:
         raise LLMPipeError(f"unknown llmpipe serve option(s): {', '.join(unknown)}")
-    actions = {action.dest: action for action in _subparser(parser, "serve")._actions}
+    actions = {action.dest: action for action in parser._actions}
     for name, value in args.items():
         setattr(parsed, name, _typed(actions.get(name), value))
     return parsed
-
-
-def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
 
 
 def _typed(action: argparse.Action | None, value: Any) -> Any:
