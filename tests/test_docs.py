@@ -25,7 +25,7 @@ def blocks(path: Path, language: str) -> list[str]:
 
 
 def shell_lines(block: str) -> list[str]:
-    """A bash block's commands: continuations joined, comments, a trailing `&` and `VAR=...` prefixes dropped."""
+    """A bash block's commands: continuations joined, comments and a trailing `&` dropped."""
     lines = []
     for line in block.replace("\\\n", " ").splitlines():
         line = re.sub(r"(^|\s)#.*", "", line).strip().removesuffix("&").strip()

@@ -41,6 +41,14 @@ GRAMMAR_WAIT_S = 0.05  # a step with only requests whose grammars compile waits 
 
 
 class EngineCore:
+    # What the engine's users read of the model side: the executor's, one copy.
+    checkpoint = property(lambda self: self.executor.checkpoint)
+    model = property(lambda self: self.executor.model)
+    runner = property(lambda self: self.executor.runner)
+    kv_layout = property(lambda self: self.executor.kv_layout)
+    block_bytes = property(lambda self: self.executor.block_bytes)
+    eos_token_ids = property(lambda self: self.executor.eos_token_ids)
+
     def __init__(self, config: EngineConfig, *, progress: bool = True):
         config = replace(config)  # resolved here (the checkpoint's config, max_model_len): the caller's stays as given
         if config.num_threads:
@@ -49,10 +57,6 @@ class EngineCore:
             torch.manual_seed(config.seed)
         self.config = config
         self.executor = Executor(config, progress)
-        # What the engine's users read of the model side.
-        self.checkpoint, self.model, self.runner = self.executor.checkpoint, self.executor.model, self.executor.runner
-        self.kv_layout, self.block_bytes = self.executor.kv_layout, self.executor.block_bytes
-        self.eos_token_ids = self.executor.eos_token_ids
         specs = [group.spec for group in self.kv_layout.groups]
         self.block_manager = BlockManager(
             self.executor.num_blocks, config.block_size, specs, config.enable_prefix_caching and config.kv_cache,
@@ -76,9 +80,6 @@ class EngineCore:
         interpreter exits); the core cannot step afterwards."""
         self.structured.close()
         self.executor.close()
-
-    def fault_in_kv_cache(self) -> None:
-        self.executor.fault_in_kv_cache()
 
     def info(self, pid: int) -> CoreInfo:
         return CoreInfo(

@@ -56,7 +56,7 @@ def run_engine_core(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         context.destroy(linger=2000)
         raise SystemExit(1) from None
-    core.fault_in_kv_cache()  # a server lives long: its start-up pays the page faults, not its requests
+    core.executor.fault_in_kv_cache()  # a server lives long: its start-up pays the page faults, not its requests
     try:
         transport.outputs.send_multipart([READY, encoder.encode(core.info(os.getpid()))])
         transport.send(EngineCoreOutputs([], 0.0), core.stats())

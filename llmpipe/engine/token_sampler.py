@@ -44,11 +44,10 @@ class TokenSampler:
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
         self._prompt_logprobs(batch, logits[starts[-1] :], out)
-        rows = list(range(len(sampled)))
-        rows += [row for row, seq in enumerate(sampled) for _ in batch.forks.get(seq, ())]
-        seqs = sampled + [sibling for seq in sampled for sibling in batch.forks.get(seq, ())]  # from the same rows
-        kept = [i for i, seq in enumerate(seqs) if seq.request_id not in out.failed_requests and not seq.finished]
-        spans, seqs = [(starts[rows[i]], widths[rows[i]]) for i in kept], [seqs[i] for i in kept]
+        forked = [(row, sibling) for row, seq in enumerate(sampled) for sibling in batch.forks.get(seq, ())]  # same rows
+        kept = [(row, seq) for row, seq in [*enumerate(sampled), *forked]
+                if seq.request_id not in out.failed_requests and not seq.finished]
+        spans, seqs = [(starts[row], widths[row]) for row, _ in kept], [seq for _, seq in kept]
         for seq in seqs if self.structured.active else ():
             error = self.structured.prepare(seq)
             if error is not None:

@@ -28,13 +28,15 @@ TINY_MODEL = "tiny"
 # hoping the machine is slow.
 STEP_DELAY_S = 0.05
 POLL_S = 0.05  # between a wait's checks: a wait never busy-loops a core that servers, Ray or the other test worker need
+# A wait's only bound: long enough that no machine, however slow or loaded, reaches it unless something hangs.
+HANG_GUARD_S = 600.0
 
 
-def wait_until(condition, what: str, timeout: float = 120.0) -> None:
-    """Check `condition()` every POLL_S until it holds; the timeout only guards against a hang."""
+def wait_until(condition, what: str, timeout: float = HANG_GUARD_S) -> None:
+    """Wait for `condition()` to hold (readiness, checked every POLL_S); the timeout only catches a hang."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"{what} never happened"
+        assert time.monotonic() < deadline, f"{what} never happened (hung)"
         time.sleep(POLL_S)
 
 
@@ -60,10 +62,8 @@ def live_server(llm: LLM | AsyncEngine, model_name: str = TINY_MODEL, header_tim
     server = uvicorn.Server(uvicorn_config(app, header_timeout=header_timeout, log_level="warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120  # a hang guard
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started or not thread.is_alive(), "the server's start")
+    assert server.started, "the server thread ended before it started serving"
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
     finally:
