@@ -53,7 +53,7 @@ class Executor:
         else:
             self.model = load_model(checkpoint, config, progress)
         # Per rank under tensor parallelism: self.model.config has rank 0's KV heads (the most).
-        self.kv_layout, self.block_bytes, self.num_blocks = plan_kv_pool(config, self.model.config)
+        self.kv_layout, self.block_bytes, self.num_blocks = plan_kv_pool(config, self.model)
         self._set_max_model_len(self.kv_layout.max_tokens(
             self.num_blocks, config.block_size, config.max_num_batched_tokens, checkpoint.config.max_position_embeddings
         ))

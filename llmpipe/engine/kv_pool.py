@@ -3,9 +3,11 @@ the engine config's memory budget holds."""
 
 from __future__ import annotations
 
+from torch import nn
+
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import LLMPipeError
-from llmpipe.kv_cache.layout import KVCacheLayout
+from llmpipe.kv_cache.layout import KVCacheLayout, kv_cache_specs
 from llmpipe.kv_cache.paged import KVCache
 from llmpipe.models.registry import family_of
 
@@ -14,10 +16,12 @@ def kv_cache_class(cfg: ModelConfig) -> type[KVCache]:
     return family_of(cfg.architecture).kv_cache_class
 
 
-def plan_kv_pool(config: EngineConfig, cfg: ModelConfig) -> tuple[KVCacheLayout, int, int]:
-    """The model's KV cache layout, bytes per block, and how many blocks the engine config allows."""
+def plan_kv_pool(config: EngineConfig, model: nn.Module) -> tuple[KVCacheLayout, int, int]:
+    """The model's KV cache layout (from the specs its layers report), bytes per block, and how many
+    blocks the engine config allows."""
+    cfg = model.config
     cache = kv_cache_class(cfg)
-    layout = cache.layout(cfg)
+    layout = cache.layout(kv_cache_specs(model))
     block_bytes = cache.block_bytes(layout, cfg, config)
     num_blocks = config.max_num_blocks or config.kv_cache_memory // block_bytes
     if num_blocks < 1:

@@ -1,8 +1,9 @@
 """What each attention layer keeps in the KV cache, and how layers share the block pool (vLLM v1's
 KV cache groups).
 
-A layer's cache spec (kv_cache/kinds/) says which past tokens its queries can still read: every
-one (full attention) or the last W (sliding window). Layers with the same spec are cut into groups of equal size S, so
+Each layer reports its cache spec as plain data (its attention's `kv_cache_spec()`, gathered by
+`kv_cache_specs(model)`): which past tokens its queries can still read, every one (full
+attention) or the last W (sliding window). Layers with the same spec are cut into groups of equal size S, so
 that one block of the pool — [S layers, K and V, block_size tokens] — fits any group: a block
 belongs to one group at a time, and each sequence has one block table per group. A window group
 frees the blocks its queries can no longer reach while the sequence goes on; a full group keeps
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmpipe.config import ModelConfig
-from llmpipe.kv_cache.kinds import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from typing import Sequence
+
+from torch import nn
+
+from llmpipe.kv_cache.kinds import KVCacheSpec
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,24 @@ class KVCacheLayout:
         return low
 
 
-def kv_cache_layout(cfg: ModelConfig) -> KVCacheLayout:
-    """Group the layers by spec into groups of S layers, S the smallest spec's layer count (a larger
-    spec whose count S does not divide leaves slots of its last group unused)."""
+def kv_cache_specs(model: nn.Module) -> list:
+    """What each layer of `model` keeps in the KV cache, in layer order: the `kv_cache_spec()` of every
+    module that reports one (its attention), plain data the pool and its group managers are built from."""
+    return [module.kv_cache_spec() for module in model.modules() if hasattr(module, "kv_cache_spec")]
+
+
+def kv_cache_layout(specs: Sequence[KVCacheSpec]) -> KVCacheLayout:
+    """Group the layers (specs[i]: what layer i keeps, as the model reports it) by spec into groups of S
+    layers, S the smallest spec's layer count (a larger spec whose count S does not divide leaves slots
+    of its last group unused)."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
-    for layer in range(cfg.num_hidden_layers):
-        window = cfg.layer_window(layer)
-        by_spec.setdefault(FullAttentionSpec() if window is None else SlidingWindowSpec(window), []).append(layer)
+    for layer, spec in enumerate(specs):
+        by_spec.setdefault(spec, []).append(layer)
     size = min(len(layers) for layers in by_spec.values())
     groups = tuple(
         KVCacheGroup(spec, tuple(layers[i : i + size])) for spec, layers in by_spec.items() for i in range(0, len(layers), size)
     )
-    slots, owners = [0] * cfg.num_hidden_layers, [0] * cfg.num_hidden_layers
+    slots, owners = [0] * len(specs), [0] * len(specs)
     for index, group in enumerate(groups):
         for slot, layer in enumerate(group.layers):
             slots[layer], owners[layer] = slot, index

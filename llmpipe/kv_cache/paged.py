@@ -6,13 +6,14 @@ family's own with the same three entry points (`layout`, `block_bytes`, `build`)
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import torch
 
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.kernels import huge_pages
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
+from llmpipe.kv_cache.kinds import KVCacheSpec
 from llmpipe.kv_cache.layout import KVCacheLayout, kv_cache_layout
 
 
@@ -50,7 +51,8 @@ class KVCache(Protocol):
     bytes_per_token: int
 
     @classmethod
-    def layout(cls, cfg: ModelConfig) -> KVCacheLayout: ...
+    def layout(cls, specs: Sequence) -> KVCacheLayout:
+        """The pool's layout for the specs the model's layers report (layout.kv_cache_specs)."""
 
     @classmethod
     def block_bytes(cls, layout: KVCacheLayout, cfg: ModelConfig, config: EngineConfig) -> int: ...
@@ -65,10 +67,9 @@ class KVCache(Protocol):
 class PagedKVCache:
     def __init__(
         self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device,
-        layout: KVCacheLayout | None = None, kv_cache_dtype: str = "auto",
+        layout: KVCacheLayout, kv_cache_dtype: str = "auto",
     ):
         # A block holds `slots_per_block` layers (one KV cache group's); each layer reads its slot.
-        layout = layout or kv_cache_layout(cfg)
         shape = (layout.slots_per_block, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         if kv_cache_dtype == "auto":
             self.tensors: tuple[torch.Tensor, ...] = (huge_pages.zeros(shape, dtype, device),)
@@ -83,8 +84,8 @@ class PagedKVCache:
         self.bytes_per_token = kv_bytes_per_token(cfg, dtype, kv_cache_dtype)
 
     @classmethod
-    def layout(cls, cfg: ModelConfig) -> KVCacheLayout:
-        return kv_cache_layout(cfg)
+    def layout(cls, specs: Sequence[KVCacheSpec]) -> KVCacheLayout:
+        return kv_cache_layout(specs)
 
     @classmethod
     def block_bytes(cls, layout: KVCacheLayout, cfg: ModelConfig, config: EngineConfig) -> int:

@@ -58,7 +58,7 @@ class DraftProposer:
         family_of(checkpoint.config.architecture).check_engine_options(draft_config)
         draft_config.model_config = checkpoint.config
         self.model = load_model(checkpoint, draft_config, progress)
-        layout, _, num_blocks = plan_kv_pool(draft_config, checkpoint.config)
+        layout, _, num_blocks = plan_kv_pool(draft_config, self.model)
         self.blocks = BlockManager(num_blocks, config.block_size, [g.spec for g in layout.groups], False)
         self.runner = ModelRunner(self.model, draft_config, num_blocks, layout)
         self.max_len = checkpoint.config.max_position_embeddings

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from llmpipe.cli import main
-from llmpipe.models.deepseek_v4.cache import compressed_kv_layout
+from llmpipe.models.deepseek_v4.cache import compressed_kv_layout, store_specs
 from llmpipe.loader.checkpoint import load_checkpoint
 
 # 509 + 2 computed tokens: the window's first block moves on with the last token (a window store holds the
@@ -59,7 +59,8 @@ def test_dense_kv_bytes_are_whole_blocks_of_k_and_v(run):
 
 def test_v4_kv_bytes_are_the_blocks_its_layout_holds(run):
     out, report = run
-    layout = compressed_kv_layout(load_checkpoint(out / "ckpt" / "v4").config)
+    config = load_checkpoint(out / "ckpt" / "v4").config
+    layout = compressed_kv_layout([store_specs(config, layer) for layer in range(config.num_hidden_layers)])
     block_bytes = BLOCK * layout.row_elements * 4
     for row in report["contexts"].values():
         tokens = row["v4"]["tokens"]  # positions 0 … tokens - 1 computed; the next query is at `tokens`

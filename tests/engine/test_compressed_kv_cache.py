@@ -37,7 +37,7 @@ def test_store_specs_keep_the_window_and_the_open_compression_windows(v4_pro):
 
 def test_v4_pro_pages_grow_as_the_published_cache_does(v4_pro):
     cfg, model = v4_pro
-    layout = compressed_kv_layout(model)
+    layout = compressed_kv_layout([store_specs(model, layer) for layer in range(model.num_hidden_layers)])
     assert layout.row_elements == 5 * 640  # five CSA entry stores side by side fill a page row exactly
     cache = CompressedKVCache(layout, num_blocks=1, block_size=16, dtype=torch.bfloat16, device="cpu")
     planned = plan_compressed_kv(cfg, "deepseek-v4-pro", dtype="bfloat16", context=1 << 20).kv_bytes_per_token

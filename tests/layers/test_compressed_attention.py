@@ -87,7 +87,7 @@ def pair(request, tmp_path):
 def runner_for(model: AttentionOnly):
     config = EngineConfig(max_num_blocks=300, block_size=BLOCK)
     config.model_config = model.config
-    layout, _, num_blocks = plan_kv_pool(config, model.config)
+    layout, _, num_blocks = plan_kv_pool(config, model)
     blocks = BlockManager(num_blocks, BLOCK, [g.spec for g in layout.groups])
     return ModelRunner(model, config, num_blocks, layout), blocks, layout
 

@@ -5,5 +5,10 @@ from llmpipe.kv_cache.kinds.compressed import CompressedMetadata, CompressedSpec
 from llmpipe.kv_cache.kinds.full_attention import FullAttentionSpec
 from llmpipe.kv_cache.kinds.sliding_window import SlidingWindowSpec
 
+
+def attention_spec(window: int | None) -> KVCacheSpec:
+    """The spec of a layer that caches K/V per token and reads the last `window` tokens (None: all of them)."""
+    return FullAttentionSpec() if window is None else SlidingWindowSpec(window)
+
 __all__ = ["BlockTable", "ChunkRows", "CompressedMetadata", "CompressedSpec", "FullAttentionSpec", "GroupBatch",
-           "GroupManager", "KVCacheSpec", "SlidingWindowSpec"]
+           "GroupManager", "KVCacheSpec", "SlidingWindowSpec", "attention_spec"]

@@ -22,7 +22,7 @@ from torch import nn
 from llmpipe.config import ModelConfig
 from llmpipe.models.deepseek_v4.config import CSA, WINDOW
 from llmpipe.kv_cache.kinds import CompressedMetadata
-from llmpipe.models.deepseek_v4.cache import WindowStoreMetadata
+from llmpipe.models.deepseek_v4.cache import EntryStore, WindowStore, WindowStoreMetadata, store_specs
 from llmpipe.models.deepseek_v4.compressor import Compressor, Indexer
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import Float32RMSNorm, unweighted_rms_norm
@@ -68,6 +68,7 @@ class DeepseekV4Attention(nn.Module):
         self.o_a_proj = nn.Linear(self.heads * self.head_dim // v4.o_groups, v4.o_groups * v4.o_lora_rank, bias=False)
         self.o_b_proj = Linear(v4.o_groups * v4.o_lora_rank, hidden, bias=False)
         self.sinks = nn.Parameter(torch.empty(self.heads))
+        self.stores = store_specs(cfg, layer)
         self.compressor: Compressor | None = None
         if self.kind != WINDOW:
             ratio = v4.compress_rates[self.kind]
@@ -76,6 +77,10 @@ class DeepseekV4Attention(nn.Module):
                 self.compressor.indexer = Indexer(
                     hidden, v4.q_lora_rank, v4.index_n_heads, v4.index_head_dim, ratio, v4.index_topk, eps
                 )
+
+    def kv_cache_spec(self) -> tuple[WindowStore, EntryStore | None]:
+        """The layer's window store and, on CSA / HCA layers, its entry store (cache.py)."""
+        return self.stores
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, ropes: Ropes, cache: LayerCache, meta: LayerMeta

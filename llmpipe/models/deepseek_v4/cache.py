@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import torch
 
@@ -89,12 +90,13 @@ def store_specs(cfg: ModelConfig, layer: int) -> tuple[WindowStore, EntryStore |
     return WindowStore(keep, width=head_dim + projections), EntryStore(ratio, width=entry_width)
 
 
-def compressed_kv_layout(cfg: ModelConfig) -> CompressedKVLayout:
-    """Stores grouped by spec into pages of one width: of the widths that fit the widest row and pack
-    some entry store exactly, the one whose entry pages grow least per token (they are what grows)."""
+def compressed_kv_layout(layer_stores: Sequence[tuple[WindowStore, EntryStore | None]]) -> CompressedKVLayout:
+    """Each layer's stores (as its attention reports them) grouped by spec into pages of one width: of the
+    widths that fit the widest row and pack some entry store exactly, the one whose entry pages grow least
+    per token (they are what grows)."""
     caches: list[WindowStore | EntryStore] = []
     layer_caches = []
-    for window, entry in (store_specs(cfg, layer) for layer in range(cfg.num_hidden_layers)):
+    for window, entry in layer_stores:
         caches.append(window)
         layer_caches.append((len(caches) - 1, None if entry is None else len(caches)))
         if entry is not None:
@@ -160,8 +162,8 @@ class CompressedKVCache:
         ))
 
     @classmethod
-    def layout(cls, cfg: ModelConfig) -> CompressedKVLayout:
-        return compressed_kv_layout(cfg)
+    def layout(cls, specs: Sequence[tuple[WindowStore, EntryStore | None]]) -> CompressedKVLayout:
+        return compressed_kv_layout(specs)
 
     @classmethod
     def block_bytes(cls, layout: CompressedKVLayout, cfg: ModelConfig, config: EngineConfig) -> int:

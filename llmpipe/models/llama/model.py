@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from llmpipe.config import ModelConfig
+from llmpipe.kv_cache.kinds import KVCacheSpec, attention_spec
 from llmpipe.layers import attention_kernel
 from llmpipe.layers.activation import ACTIVATIONS
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
@@ -64,6 +65,9 @@ class LlamaAttention(nn.Module):
         q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)  # q and k rotated together
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.window)
         return self.o_proj(out)
+
+    def kv_cache_spec(self) -> KVCacheSpec:
+        return attention_spec(self.window)
 
 
 class LlamaMLP(nn.Module):
