@@ -39,15 +39,20 @@ class LLM:
     def generate(
         self,
         prompts: PromptInput | Sequence[PromptInput],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Run every prompt to completion, all batched together; outputs come back in input order.
-        A progress bar counts finished requests when there are several."""
+        `sampling_params`: one for every prompt, or a list with one per prompt (as vLLM's). A progress
+        bar counts finished requests when there are several."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
-        ids = [self._add(prompt, params) for prompt in prompts]
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        elif len(params) != len(prompts):
+            raise InvalidRequestError(f"{len(params)} sampling_params for {len(prompts)} prompts: give one, or one per prompt")
+        ids = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm or len(ids) < 2) as bar:
             while self.engine.has_unfinished_requests():
@@ -60,7 +65,7 @@ class LLM:
     def chat(
         self,
         messages: Messages | list[Messages],
-        sampling_params: SamplingParams | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
         *,
         tools: list[dict] | None = None,

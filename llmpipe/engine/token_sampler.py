@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from llmpipe.engine.core_messages import RawLogprob, SpecDecodeStats
+from llmpipe.engine.input_batch import InputBatch
 from llmpipe.engine.model_output import ModelOutput, SampledTokens
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.engine.sequence import Sequence
@@ -35,6 +36,11 @@ class TokenSampler:
         self.structured = structured
         self.eos_token_ids = eos_token_ids
         self.spec_stats = SpecDecodeStats()
+        self.input_batch = InputBatch()  # the sequences' sampling parameters, as tensors kept per slot
+
+    def release(self, seq: Sequence) -> None:
+        """A finished or aborted sequence's slot is free again (a scheduler release hook)."""
+        self.input_batch.release(seq)
 
     def sample(self, batch: SchedulerOutput, logits: torch.Tensor) -> ModelOutput:
         """logits as Runner.execute returns them: per sampled sequence its rows (its newest token and any
@@ -94,7 +100,7 @@ class TokenSampler:
         # logits (an indexed copy of Gemma 3's 262,144 took ~140 us a step).
         picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
         try:
-            result = sample(picked, sampling_rows)
+            result = sample(picked, sampling_rows, self.input_batch.sampling_tensors(seqs))
             return {i: SampledTokens([token], [lp]) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))}
         except DeadEndError:
             pass  # the rows at fault fail below, alone

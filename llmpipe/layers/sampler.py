@@ -1,6 +1,9 @@
 """Sampler: penalties → temperature → top-k / top-p / min-p → per-request seeded draw (or argmax).
 
-Works on a batch of rows, one per sequence, each with its own SamplingParams.
+Works on a batch of rows, one per sequence, each with its own SamplingParams: the rules every row has
+(temperature, top-k, top-p, min-p, greedy) as tensors over the batch (SamplingTensors, which the engine
+keeps per slot: engine/input_batch.py), the rest (penalties, logit bias, bans, grammar bitmasks, the
+seeded generator) per row.
 """
 
 from __future__ import annotations
@@ -28,6 +31,45 @@ class SamplingRow:
     banned_token_ids: Sequence[int] = ()  # EOS / stop ids while under min_tokens
     # Structured outputs: the tokens the grammar allows next (int32 words, bit i = token i), or None.
     token_bitmask: np.ndarray | None = None
+
+
+@dataclass
+class SamplingTensors:
+    """Each row's temperature (1.0 on greedy rows), top-k (0: off), top-p, min-p and greedy flag."""
+
+    temperature: torch.Tensor  # float32 [rows]
+    top_k: torch.Tensor  # int64 [rows]
+    top_p: torch.Tensor  # float32 [rows]
+    min_p: torch.Tensor  # float32 [rows]
+    greedy: torch.Tensor  # bool [rows]
+
+    DTYPES = (torch.float32, torch.int64, torch.float32, torch.float32, torch.bool)
+
+    @staticmethod
+    def values(params: SamplingParams) -> tuple[float, int, float, float, bool]:
+        """One row's entries, in field order."""
+        return 1.0 if params.greedy else params.temperature, params.top_k, params.top_p, params.min_p, params.greedy
+
+    @classmethod
+    def empty(cls, rows: int) -> SamplingTensors:
+        return cls(*(torch.zeros(rows, dtype=dtype) for dtype in cls.DTYPES))
+
+    @classmethod
+    def of(cls, rows: Sequence[SamplingRow]) -> SamplingTensors:
+        """Built from the rows (a draft's positions, a row sampled alone); the engine's batch gathers its slots."""
+        columns = zip(*(cls.values(row.params) for row in rows))
+        return cls(*(torch.tensor(column, dtype=dtype) for column, dtype in zip(columns, cls.DTYPES)))
+
+    def write(self, row: int, params: SamplingParams) -> None:
+        for tensor, value in zip(self.columns, self.values(params)):
+            tensor[row] = value
+
+    def take(self, rows: torch.Tensor) -> SamplingTensors:
+        return SamplingTensors(*(tensor.index_select(0, rows) for tensor in self.columns))
+
+    @property
+    def columns(self) -> tuple[torch.Tensor, ...]:
+        return self.temperature, self.top_k, self.top_p, self.min_p, self.greedy
 
 
 @dataclass
@@ -60,14 +102,13 @@ def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.
 CANDIDATES = 256
 
 
-def filter_top_k_top_p_min_p(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+def filter_top_k_top_p_min_p(logits: torch.Tensor, tensors: SamplingTensors) -> torch.Tensor:
     """Set to -inf every token outside each row's top-k, nucleus (top-p) and min-p sets."""
     device, vocab = logits.device, logits.shape[-1]
-    top_k = torch.tensor([r.params.top_k or vocab for r in rows], device=device)
-    top_p = torch.tensor([r.params.top_p for r in rows], dtype=logits.dtype, device=device)
-    min_p = torch.tensor([r.params.min_p for r in rows], dtype=logits.dtype, device=device)
+    top_k = torch.where(tensors.top_k > 0, tensors.top_k, vocab).to(device)
+    top_p, min_p = (t.to(device, logits.dtype) for t in (tensors.top_p, tensors.min_p))
     probs = logits.softmax(dim=-1)
-    width = min(vocab, max(CANDIDATES, max((r.params.top_k for r in rows), default=0)))
+    width = min(vocab, max(CANDIDATES, int(tensors.top_k.max())))
     ranked, order = probs.topk(width, dim=-1)  # descending
     kept = _kept(ranked, top_k, top_p, min_p)
     if width < vocab and bool((kept[:, -1] & (top_k > width)).any()):  # a set may go on past them: rank them all
@@ -163,16 +204,18 @@ def apply_token_bitmasks(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> t
     return logits
 
 
-def distribution(adjusted: torch.Tensor, rows: Sequence[SamplingRow], argmax: torch.Tensor | None = None) -> torch.Tensor:
+def distribution(adjusted: torch.Tensor, rows: Sequence[SamplingRow], argmax: torch.Tensor | None = None,
+                 tensors: SamplingTensors | None = None) -> torch.Tensor:
     """The probabilities each row's token is drawn from: temperature, then top-k / top-p / min-p.
-    A greedy row is a point mass on its argmax (`argmax`: argmax_rows(adjusted), where the caller has it)."""
-    temperature = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=adjusted.device)
-    scaled = adjusted / temperature[:, None]
-    if any(r.params.uses_filters for r in rows):  # a sort over the vocabulary: only when asked for
-        scaled = filter_top_k_top_p_min_p(scaled, rows)
+    A greedy row is a point mass on its argmax (`argmax`: argmax_rows(adjusted), where the caller has it).
+    `tensors`: the rows' SamplingTensors, where the caller keeps them."""
+    tensors = SamplingTensors.of(rows) if tensors is None else tensors
+    scaled = adjusted / tensors.temperature.to(adjusted.device)[:, None]
+    if any(r.params.uses_filters for r in rows):  # a ranking of the vocabulary: only when asked for
+        scaled = filter_top_k_top_p_min_p(scaled, tensors)
     probs = scaled.softmax(dim=-1)
     if any(r.params.greedy for r in rows):
-        greedy = torch.tensor([r.params.greedy for r in rows], device=adjusted.device)
+        greedy = tensors.greedy.to(adjusted.device)
         argmax = argmax_rows(adjusted) if argmax is None else argmax
         one_hot = torch.zeros_like(probs).scatter_(-1, argmax[:, None], 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
@@ -187,13 +230,14 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None = None) -> int:
     return min(int(torch.searchsorted(cdf, u * cdf[-1], right=True)), len(cdf) - 1)
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
-    """logits: [rows, vocab] from the LM head. Returns one token per row."""
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], tensors: SamplingTensors | None = None) -> SampleResult:
+    """logits: [rows, vocab] from the LM head. Returns one token per row. `tensors`: the rows'
+    SamplingTensors, where the caller keeps them (built from the rows otherwise)."""
     adjusted = adjusted_logits(logits, rows)
     argmax = argmax_rows(adjusted) if any(r.params.greedy for r in rows) else None
     greedy = argmax.tolist() if argmax is not None else []
     if all(r.params.greedy for r in rows):
         return SampleResult(greedy, topn_logprobs(logits, greedy, rows))
-    probs = distribution(adjusted, rows, argmax)
+    probs = distribution(adjusted, rows, argmax, tensors)
     chosen = [greedy[i] if row.params.greedy else draw(probs[i], row.generator) for i, row in enumerate(rows)]
     return SampleResult(chosen, topn_logprobs(logits, chosen, rows))

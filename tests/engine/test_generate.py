@@ -89,6 +89,16 @@ def test_seeded_sampling_is_reproducible_and_n_samples_differ(llm):
     assert [o.index for o in first.outputs] == [0, 1, 2]
 
 
+def test_one_sampling_params_per_prompt_as_vllm_takes_them(llm):
+    """Each prompt runs under its own params, batched together: each output equals that prompt's run alone."""
+    params = [SamplingParams(temperature=0.0, max_tokens=5), SamplingParams(temperature=1.0, seed=9, max_tokens=7, top_k=20)]
+    together = llm.generate([PROMPT, "the lazy dog"], params)
+    alone = [llm.generate([prompt], p)[0] for prompt, p in zip([PROMPT, "the lazy dog"], params)]
+    assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in alone]
+    with pytest.raises(InvalidRequestError, match="one per prompt"):
+        llm.generate([PROMPT, PROMPT, PROMPT], params)
+
+
 def test_stream_deltas_join_to_the_final_text(llm):
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     deltas = list(llm.stream(PROMPT, params))

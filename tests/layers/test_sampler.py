@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy import stats
 
-from llmpipe.layers.sampler import SamplingRow, apply_penalties, argmax_rows, filter_top_k_top_p_min_p, sample
+from llmpipe.layers.sampler import SamplingRow, SamplingTensors, apply_penalties, argmax_rows, filter_top_k_top_p_min_p, sample
 from llmpipe.sampling_params import SamplingParams
 
 
@@ -37,7 +37,7 @@ def row(params, prompt=(), output=()):
 def test_filter_matches_reference_distribution(temperature, top_k, top_p, min_p):
     logits = torch.randn(1, 50, generator=torch.Generator().manual_seed(3)) * 2
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    filtered = filter_top_k_top_p_min_p(logits / temperature, [row(params)])
+    filtered = filter_top_k_top_p_min_p(logits / temperature, SamplingTensors.of([row(params)]))
     ours = filtered.softmax(-1)[0].double().numpy()
     expected = reference_filtered_probs(logits[0].numpy(), temperature, top_k, top_p, min_p)
     np.testing.assert_allclose(ours, expected, atol=1e-6)
@@ -51,7 +51,7 @@ def test_filter_of_a_batch_over_a_large_vocabulary_matches_the_reference(spread)
     settings = [(1.0, 0, 0.95, 0.0), (0.8, 300, 1.0, 0.0), (1.2, 0, 1.0, 0.02), (0.9, 40, 0.99, 0.01)]
     rows = [row(SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m)) for t, k, p, m in settings]
     scaled = logits / torch.tensor([t for t, *_ in settings])[:, None]
-    filtered = filter_top_k_top_p_min_p(scaled, rows)
+    filtered = filter_top_k_top_p_min_p(scaled, SamplingTensors.of(rows))
     for i, (t, k, p, m) in enumerate(settings):
         expected = reference_filtered_probs(logits[i].numpy(), t, k, p, m)
         np.testing.assert_allclose(filtered[i].softmax(-1).double().numpy(), expected, atol=1e-6)
