@@ -70,7 +70,9 @@ class EngineCore:
         self.executor.sampler = TokenSampler(self.structured, self.eos_token_ids)
         self.drafter = Drafter.build(config, self.executor.sampler.sampling_row, progress)
         self.proposer = self.drafter.proposer if self.drafter else None
-        self.scheduler.release_hooks += [self.structured.release, self.executor.sampler.release] + ([self.drafter.release] if self.drafter else [])
+        self.scheduler.release_hooks += [self.structured.release, self.executor.sampler.release]
+        if self.drafter is not None:
+            self.scheduler.release_hooks.append(self.drafter.release)
         self.step_costs = StepCosts(config.max_decode_stall, config.max_num_seqs)
         self.admission = Admission(None, config.max_model_len, config.model_config.vocab_size)
         self.requests = RequestTable(config.device, self.structured.forget_request)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -26,7 +25,7 @@ from llmpipe.deploy.replica import info_decoder  # noqa: E402
 from llmpipe.deploy.router import make_router  # noqa: E402
 from llmpipe.loader import load_checkpoint  # noqa: E402
 from llmpipe.server.async_engine import AsyncEngine  # noqa: E402
-from tests.server.utils import live_server, paced, wait_until as server_wait_until  # noqa: E402
+from tests.server.utils import free_port, live_server, paced, wait_until as server_wait_until  # noqa: E402
 
 HANG_GUARD_S = 180.0
 # Ray Serve's replacement of a killed replica on a loaded 2-core CI machine: a Ray worker process to
@@ -85,12 +84,6 @@ def start_serve(serve, **options) -> None:
             if attempt == PROXY_START_TRIES:
                 raise
             serve.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def complete(url: str, prompt: list[int], max_tokens: int) -> httpx.Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,18 +19,12 @@ import pytest
 import torch
 import transformers
 
-from tests.server.utils import core_process_engine, live_server, metric, paced, wait_until
+from tests.server.utils import core_process_engine, free_port, live_server, metric, paced, serve_process, wait_until
 from tests.server.references import assert_greedy_matches, hf_greedy
 
 HANG_GUARD_S = 120.0
 PROMPTS = [[1, 5, 9, 13], [1, 200, 17], [1, 42, 43, 44, 45, 46, 47], [1, 300]]
 STEPS = 24
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def core_of(server_pid: int) -> psutil.Process:
@@ -141,24 +134,7 @@ def test_a_killed_core_fails_requests_in_flight_and_health_turns_503(tiny_path):
 
 
 def serve(tiny_path: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    command = [sys.executable, "-m", "llmpipe.cli", "serve", "--model", tiny_path, "--port", str(port), *extra]
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for line in server.stderr:  # blocks until the core is loaded and uvicorn is about to listen
-        if line.startswith("llmpipe: serving"):
-            break
-    else:
-        raise AssertionError(f"the server exited with {server.wait()} before serving")
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(up, "the server answering")
-    return server, url
+    return serve_process("serve", "--model", tiny_path, *extra)
 
 
 def test_llmpipe_serve_exits_nonzero_when_its_core_is_killed(tiny_path):

@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.server.test_shutdown import PACED_SERVE, free_port, stream, wait_for_serve
+from tests.server.test_shutdown import PACED_SERVE, stream
+from tests.server.utils import free_port, wait_for_serve
 from tests.structured_output import hostile
 
 STREAM_TOKENS = 120  # paced at 50 ms a step: the stream outlasts the hostile requests on any machine

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from tests.server.utils import STEP_DELAY_S, wait_until
+from tests.server.utils import STEP_DELAY_S, free_port, wait_for_serve
 
 SHUTDOWN_TIMEOUT_S = 4  # the short request's 8 tokens need ~0.4 s of it; the long one's 1,000 need 50 s
 # `llmpipe serve`, with each engine step paced by a sleep (picklable: it runs in the core process)
@@ -29,25 +28,6 @@ from llmpipe.cli import build_parser
 from llmpipe.server.cli import run_serve
 run_serve(build_parser().parse_args(sys.argv[1:]), before_step=functools.partial(time.sleep, {STEP_DELAY_S}))
 """
-
-
-def wait_for_serve(process: subprocess.Popen, url: str) -> None:
-    """Until the `llmpipe serve` process answers /health with 200 (wait_until's timeout: a hang guard)."""
-
-    def ready() -> bool:
-        assert process.poll() is None, "the server exited while starting"
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(ready, "the server answering /health")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stream(url: str, max_tokens: int, started: threading.Event, events: list) -> None:

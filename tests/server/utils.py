@@ -1,11 +1,14 @@
-"""Helpers shared by the server tests and those that serve (bench, deploy, eval): a live server on a
-thread, an engine over a core process, waits that poll, /metrics samples."""
+"""Helpers shared by the server tests and those that serve (bench, deploy, eval, docs): a live server on
+a thread, `llmpipe serve` in a process of its own, an engine over a core process, waits that poll,
+/metrics samples."""
 
 from __future__ import annotations
 
 import functools
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -38,6 +41,44 @@ def wait_until(condition, what: str, timeout: float = HANG_GUARD_S) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"{what} never happened (hung)"
         time.sleep(POLL_S)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_serve(process: subprocess.Popen, url: str) -> None:
+    """Until the `llmpipe serve` process answers /health with 200 (wait_until's timeout: a hang guard)."""
+
+    def ready() -> bool:
+        assert process.poll() is None, "the server exited while starting"
+        try:
+            return httpx.get(f"{url}/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, "the server answering /health")
+
+
+def serve_process(*args: str, stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """`llmpipe ARGS` (a serve command; its --port, if any, replaced by a free one) in a process of its
+    own, once it answers /health: (the process, its base URL). The caller kills it (and reads or
+    drains its stderr pipe, or passes a file)."""
+    args, port = list(args), str(free_port())
+    if "--port" in args:
+        args[args.index("--port") + 1] = port
+    else:
+        args += ["--port", port]
+    process = subprocess.Popen([sys.executable, "-m", "llmpipe.cli", *args], stderr=stderr, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_serve(process, url)
+    except BaseException:
+        process.kill()
+        raise
+    return process, url
 
 
 def paced(delay: float = STEP_DELAY_S):
