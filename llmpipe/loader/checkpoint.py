@@ -117,14 +117,18 @@ def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer 
     if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
         logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
         return config, source, None
-    return config, source, _tokenizer_class().from_pretrained_dir(directory)
+    from llmpipe.tokenizer.hf_tokenizer import load_hf_tokenizer  # deferred: the tokenizer package imports much more
+
+    return config, source, load_hf_tokenizer(directory)
 
 
 def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
     reader = open_gguf(path)
     config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
     source = GGUFWeights(reader, path, registry.gguf_architecture(config.architecture, path), config)
-    tokenizer = _tokenizer_class().from_gguf(reader) if reader.get_field("tokenizer.ggml.tokens") is not None else None
+    from llmpipe.tokenizer.gguf_tokenizer import load_gguf_tokenizer  # deferred, as load_hf_tokenizer
+
+    tokenizer = load_gguf_tokenizer(reader) if reader.get_field("tokenizer.ggml.tokens") is not None else None
     drop_vocabulary(reader)
     return config, source, tokenizer
 
@@ -144,8 +148,3 @@ def check_weights(source: WeightSource, config: ModelConfig, path: Path) -> None
     if unused:
         logger.debug("%s: ignoring %d tensors the model does not use", path, unused)
 
-
-def _tokenizer_class() -> type[Tokenizer]:
-    from llmpipe.tokenizer.tokenizer import Tokenizer  # deferred: the tokenizer package imports much more
-
-    return Tokenizer

@@ -9,7 +9,7 @@ process (sandbox.py, worker.py), against the bounds in grammar.py, so that one t
 stall or never end is a 400 for its own request and costs no one else anything.
 """
 
-from llmpipe.structured_output.grammar import check_structured_outputs
 from llmpipe.structured_output.manager import StructuredOutputManager
+from llmpipe.structured_output.sandbox import check_structured_outputs
 
 __all__ = ["StructuredOutputManager", "check_structured_outputs"]

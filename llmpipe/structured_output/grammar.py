@@ -1,20 +1,17 @@
-"""A StructuredOutputsParams as llguidance grammar text, the bounds every constraint is held to
-before anything native compiles it, and its check at admission (a 400 naming the field, before the
-request reaches the engine core).
+"""A StructuredOutputsParams as llguidance grammar text, and the bounds every constraint is held to
+before anything native compiles it.
 
-A constraint is untrusted input that a native compiler recurses over: the check runs in a worker
-process (structured_output/sandbox.py), so a constraint that overflows the compiler's stack, or
-runs past the deadline, fails its own request and nothing else."""
+A constraint is untrusted input that a native compiler recurses over: its check at admission runs in
+a worker process (structured_output/sandbox.py), so a constraint that overflows the compiler's stack,
+or runs past the deadline, fails its own request and nothing else."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 
 import llguidance
 
-from llmpipe.errors import InvalidRequestError
 from llmpipe.sampling_params import StructuredOutputsParams
 
 # What a compiled grammar is cached by: (kind, its spec as text, flexible whitespace).
@@ -124,30 +121,3 @@ def grammar_text(key: GrammarKey) -> str:
         raise ValueError(f"a JSON schema is an object, got {type(schema).__name__}")
     whitespace = {"whitespace_pattern": JSON_WHITESPACE} if flexible else {"whitespace_flexible": False}
     return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=whitespace)
-
-
-def check_structured_outputs(spec: StructuredOutputsParams | None, field: str | None = None) -> StructuredOutputsParams | None:
-    """The constraint as the engine core should get it, checked in the sandbox: a bad regex, an
-    invalid or unsatisfiable schema, a grammar that does not parse, matches nothing or can never end,
-    one past a bound or that crashes or outlasts the compiler are InvalidRequestError naming `field`
-    (default `structured_outputs.<kind>`). A GBNF grammar comes back as its Lark form, so that the
-    core does not convert it again."""
-    if spec is None:
-        return None
-    from llmpipe.structured_output.sandbox import grammar_sandbox  # a worker process, started on first use
-
-    key = grammar_key(spec)
-    sandbox = grammar_sandbox()
-    verdict = sandbox.check(key)
-    if verdict.problem is not None:
-        field = field or f"structured_outputs.{key[0]}"
-        raise InvalidRequestError(f"{field}: invalid {_WHAT[key[0]]}: {verdict.problem}", param=field)
-    if verdict.lark is None or verdict.lark == spec.grammar:
-        return spec
-    converted = replace(spec, grammar=verdict.lark)
-    sandbox.remember(grammar_key(converted), verdict)  # its Lark form passed too: admission need not ask again
-    return converted
-
-
-_WHAT = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
-         "grammar": "grammar"}

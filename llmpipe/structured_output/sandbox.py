@@ -1,5 +1,7 @@
 """GrammarSandbox: the front end's worker processes that check untrusted constraints
-(structured_output/worker.py), so that no constraint can crash, stall or hold the GIL of the server.
+(structured_output/worker.py), so that no constraint can crash, stall or hold the GIL of the server;
+check_structured_outputs, the check at admission (a 400 naming the field, before the request
+reaches the engine core).
 
 A check that the worker answers is its verdict; a worker that dies (a native stack overflow, memory
 past its bound) or outlasts the deadline is killed and replaced, and that constraint alone is
@@ -19,9 +21,11 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from llmpipe.structured_output.grammar import CHECK_STACK_BYTES, GrammarKey
+from llmpipe.errors import InvalidRequestError
+from llmpipe.sampling_params import StructuredOutputsParams
+from llmpipe.structured_output.grammar import CHECK_STACK_BYTES, GrammarKey, grammar_key
 
 logger = logging.getLogger(__name__)
 COMPILE_TIMEOUT_S = 10.0
@@ -171,3 +175,28 @@ def grammar_sandbox() -> GrammarSandbox:
             _sandbox = GrammarSandbox()
             atexit.register(_sandbox.close)
         return _sandbox
+
+
+def check_structured_outputs(spec: StructuredOutputsParams | None, field: str | None = None) -> StructuredOutputsParams | None:
+    """The constraint as the engine core should get it, checked in the sandbox: a bad regex, an
+    invalid or unsatisfiable schema, a grammar that does not parse, matches nothing or can never end,
+    one past a bound or that crashes or outlasts the compiler are InvalidRequestError naming `field`
+    (default `structured_outputs.<kind>`). A GBNF grammar comes back as its Lark form, so that the
+    core does not convert it again."""
+    if spec is None:
+        return None
+    key = grammar_key(spec)
+    sandbox = grammar_sandbox()
+    verdict = sandbox.check(key)
+    if verdict.problem is not None:
+        field = field or f"structured_outputs.{key[0]}"
+        raise InvalidRequestError(f"{field}: invalid {_WHAT[key[0]]}: {verdict.problem}", param=field)
+    if verdict.lark is None or verdict.lark == spec.grammar:
+        return spec
+    converted = replace(spec, grammar=verdict.lark)
+    sandbox.remember(grammar_key(converted), verdict)  # its Lark form passed too: admission need not ask again
+    return converted
+
+
+_WHAT = {"json": "JSON schema", "json_object": "JSON object", "regex": "regex", "choice": "choice",
+         "grammar": "grammar"}

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import json
 import re
 
-import gguf
 import tokenizers
 
 from llmpipe.errors import InvalidRequestError
@@ -46,18 +44,6 @@ class Tokenizer:
         self.chat_template = chat_template
         self.all_special_ids = special_ids(backend)
         self._add_bos_token = bos_token_id is not None and self.encode("")[:1] == [bos_token_id]
-
-    @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
-        from llmpipe.tokenizer.gguf_tokenizer import load_gguf_tokenizer  # it imports this module
-
-        return load_gguf_tokenizer(reader)
-
-    @classmethod
-    def from_pretrained_dir(cls, path: str | Path) -> Tokenizer:
-        from llmpipe.tokenizer.hf_tokenizer import load_hf_tokenizer  # it imports this module
-
-        return load_hf_tokenizer(Path(path))
 
     @property
     def add_bos_token(self) -> bool:

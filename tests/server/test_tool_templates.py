@@ -4,6 +4,7 @@ Qwen 3, Llama 3.1 / 3.2, Mistral Nemo) exactly as transformers' apply_chat_templ
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import transformers
@@ -11,7 +12,7 @@ import transformers
 from llmpipe.errors import InvalidRequestError
 from llmpipe.server.input_processor import InputProcessor, validate_body
 from llmpipe.server.protocol import ChatCompletionRequest
-from llmpipe.tokenizer import Tokenizer
+from llmpipe.tokenizer import Tokenizer, load_hf_tokenizer
 from llmpipe.tool_parsers import parser_for_template
 from tests.utils import TINY_CHAT_TEMPLATE
 from tests.server.tool_fixtures import (
@@ -27,7 +28,7 @@ KWARGS = {LLAMA32: {"date_string": "01 Dec 2026"}}  # else it renders today's da
 
 @pytest.fixture(scope="module")
 def tokenizers_(tiny_path):
-    return Tokenizer.from_pretrained_dir(tiny_path), transformers.AutoTokenizer.from_pretrained(tiny_path)
+    return load_hf_tokenizer(Path(tiny_path)), transformers.AutoTokenizer.from_pretrained(tiny_path)
 
 
 def ours(tokenizer: Tokenizer, name: str, body: dict, parser: str | None = None, chat_template: str | None = None) -> str:

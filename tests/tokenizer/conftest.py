@@ -8,7 +8,7 @@ import gguf
 import pytest
 from tokenizer_helpers import varied_texts, write_tokenizer_gguf
 
-from llmpipe.tokenizer import Tokenizer
+from llmpipe.tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +18,7 @@ def smollm2_reader(smollm2_gguf: Path) -> gguf.GGUFReader:
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer(smollm2_reader: gguf.GGUFReader) -> Tokenizer:
-    return Tokenizer.from_gguf(smollm2_reader)
+    return load_gguf_tokenizer(smollm2_reader)
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +35,7 @@ def tiny_dir(tiny_checkpoint) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tiny_dir: Path) -> Tokenizer:
-    return Tokenizer.from_pretrained_dir(tiny_dir)
+    return load_hf_tokenizer(tiny_dir)
 
 
 @pytest.fixture(scope="session")

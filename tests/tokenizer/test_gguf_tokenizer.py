@@ -11,7 +11,7 @@ import pytest
 from tokenizer_helpers import MISLABELED_CONTROL, USER_DEFINED, assert_encodes_like_reference, write_tokenizer_gguf
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
-from llmpipe.tokenizer import Tokenizer
+from llmpipe.tokenizer import load_gguf_tokenizer
 
 
 def random_id_runs(vocab_size: int, special: list[int], count: int, seed: int = 1) -> list[list[int]]:
@@ -61,7 +61,7 @@ def test_gguf_pre_tokenizer_splits_like_transformers(smollm2_tokenizer, smollm2_
 def test_gguf_tokenizer_builds_without_a_quadratic_merge_pass(smollm2_reader):
     """49,152 tokens and their merges: a bound only against a pathological (hanging) build."""
     start = time.perf_counter()
-    Tokenizer.from_gguf(smollm2_reader)
+    load_gguf_tokenizer(smollm2_reader)
     assert time.perf_counter() - start < 60
 
 
@@ -69,7 +69,7 @@ def test_gguf_tokenizer_builds_without_a_quadratic_merge_pass(smollm2_reader):
 def tiny_gguf_pair(tiny_gguf: Path):
     from transformers import AutoTokenizer
 
-    ours = Tokenizer.from_gguf(gguf.GGUFReader(tiny_gguf))
+    ours = load_gguf_tokenizer(gguf.GGUFReader(tiny_gguf))
     return ours, AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
 
 
@@ -112,14 +112,14 @@ def test_gguf_with_unsupported_tokenizer_model_raises_naming_the_model(tiny_dir,
     path = tmp_path / "bert.gguf"
     write_tokenizer_gguf(path, tiny_dir / "tokenizer.json", model="bert")
     with pytest.raises(UnsupportedModelError, match="'bert'"):
-        Tokenizer.from_gguf(gguf.GGUFReader(path))
+        load_gguf_tokenizer(gguf.GGUFReader(path))
 
 
 def test_gguf_byte_level_without_merges_is_a_load_error(tiny_dir, tmp_path):
     path = tmp_path / "nomerges.gguf"
     write_tokenizer_gguf(path, tiny_dir / "tokenizer.json", with_merges=False)
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.merges"):
-        Tokenizer.from_gguf(gguf.GGUFReader(path))
+        load_gguf_tokenizer(gguf.GGUFReader(path))
 
 
 def test_gguf_without_tokenizer_metadata_is_a_load_error(tmp_path):
@@ -130,4 +130,4 @@ def test_gguf_without_tokenizer_metadata_is_a_load_error(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(ModelLoadError, match="tokenizer.ggml.model"):
-        Tokenizer.from_gguf(gguf.GGUFReader(path))
+        load_gguf_tokenizer(gguf.GGUFReader(path))

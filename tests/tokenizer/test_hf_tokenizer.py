@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llmpipe.errors import ModelLoadError
-from llmpipe.tokenizer import Tokenizer
+from llmpipe.tokenizer import load_hf_tokenizer
 from tokenizer_helpers import assert_encodes_like_reference
 
 
@@ -51,7 +51,7 @@ def test_hf_dir_bos_from_tokenizer_json_post_processor_is_added_like_transformer
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     from transformers import AutoTokenizer
 
-    tokenizer, reference = Tokenizer.from_pretrained_dir(folder), AutoTokenizer.from_pretrained(folder)
+    tokenizer, reference = load_hf_tokenizer(folder), AutoTokenizer.from_pretrained(folder)
     assert tokenizer.add_bos_token
     assert tokenizer.encode("fox") == reference.encode("fox") == [1, *reference.encode("fox", add_special_tokens=False)]
 
@@ -60,7 +60,7 @@ def test_hf_dir_without_tokenizer_json_is_a_load_error(tiny_dir, tmp_path):
     folder = _copy(tiny_dir, tmp_path)
     (folder / "tokenizer.json").unlink()
     with pytest.raises(ModelLoadError, match="tokenizer.json"):
-        Tokenizer.from_pretrained_dir(folder)
+        load_hf_tokenizer(folder)
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json"])
@@ -68,7 +68,7 @@ def test_hf_dir_with_corrupt_file_is_a_load_error(tiny_dir, tmp_path, name):
     folder = _copy(tiny_dir, tmp_path)
     (folder / name).write_text('{"truncated": ')
     with pytest.raises(ModelLoadError, match=name):
-        Tokenizer.from_pretrained_dir(folder)
+        load_hf_tokenizer(folder)
 
 
 def test_hf_dir_template_from_config_when_no_jinja_file(tiny_dir, tmp_path):
@@ -78,7 +78,7 @@ def test_hf_dir_template_from_config_when_no_jinja_file(tiny_dir, tmp_path):
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = [{"name": "tool_use", "template": "x"}, {"name": "default", "template": template}]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    assert Tokenizer.from_pretrained_dir(folder).chat_template == template
+    assert load_hf_tokenizer(folder).chat_template == template
 
 
 def _copy(tiny_dir: Path, tmp_path: Path) -> Path:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizer_helpers import assert_encodes_like_reference, varied_texts
 
-from llmpipe.tokenizer import Tokenizer
+from llmpipe.tokenizer import load_gguf_tokenizer
 
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
 
@@ -49,7 +49,7 @@ def pair(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
     write_sentencepiece_gguf(path)
-    return Tokenizer.from_gguf(gguf.GGUFReader(path)), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return load_gguf_tokenizer(gguf.GGUFReader(path)), AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
 def test_sentencepiece_gguf_encodes_and_decodes_like_transformers(pair):

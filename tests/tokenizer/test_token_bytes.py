@@ -4,7 +4,7 @@ UTF-8 the tokens' bytes must rebuild exactly, one token at a time."""
 
 import gguf
 
-from llmpipe.tokenizer.tokenizer import Tokenizer
+from llmpipe.tokenizer import Tokenizer, load_gguf_tokenizer
 
 TEXT = "héllo 世界 🙂 Ünïcödé, 𝔘𝔫𝔦 ⅝ ok\n\tdone"
 
@@ -33,7 +33,7 @@ def test_byte_level_tokens(smollm2_tokenizer):
 
 
 def test_sentencepiece_byte_fallback_tokens(gemma3_gguf):
-    tokenizer = Tokenizer.from_gguf(gguf.GGUFReader(gemma3_gguf))
+    tokenizer = load_gguf_tokenizer(gguf.GGUFReader(gemma3_gguf))
     assert tokenizer._vocabulary_kind == "sentencepiece"
     pieces = assert_rebuilds(tokenizer, TEXT)
     assert partial(pieces), "the text should reach SentencePiece's byte fallback"
