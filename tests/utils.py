@@ -41,6 +41,10 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # 8 experts, 3 a token, renormalized, in every layer (as the released models and llama.cpp's qwen3moe)
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                         num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,
+                                         norm_topk_prob=True)),
     # Layers 0-4 local (window 16, shorter than the test prompts), layer 5 global; every Gemma 3 knob set.
     "gemma3": (
         "Gemma3TextConfig",
@@ -150,3 +154,21 @@ def save_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:
     )
     tok.chat_template = TINY_CHAT_TEMPLATE
     tok.save_pretrained(out_dir)
+
+
+def reference_state_dict(model) -> dict[str, torch.Tensor]:
+    """A transformers model's tensors under the names its checkpoint saves them by: a tied head left out, fused
+    3-D experts (gate_up_proj [experts, 2 × inner, hidden], down_proj) one gate / up / down matrix per expert."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix("gate_up_proj")
+            for e, (gate, up) in enumerate(t.chunk(2) for t in tensor):
+                state |= {f"{prefix}{e}.gate_proj.weight": gate, f"{prefix}{e}.up_proj.weight": up}
+        elif name.endswith("mlp.experts.down_proj"):
+            state |= {f"{name.removesuffix('down_proj')}{e}.down_proj.weight": t for e, t in enumerate(tensor)}
+        else:
+            state[name] = tensor
+    return state

@@ -43,6 +43,10 @@ class GGUFWeights:
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         for tensor in reader.tensors:
+            expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) == 3 else None
+            if expert_names is not None:
+                self._tensors |= dict(zip(expert_names, expert_slices(tensor)))
+                continue
             hf_name = arch.hf_name(tensor.name)
             if hf_name is None:
                 continue
@@ -113,6 +117,15 @@ class GGUFWeights:
     def _unpermute(self, name: str, rows: torch.Tensor) -> torch.Tensor:
         heads = self._heads.get(name)
         return rows if heads is None else unpermute_rows(rows, heads)
+
+
+def expert_slices(tensor: ReaderTensor) -> list[ReaderTensor]:
+    """A 3-D experts tensor's experts, each a tensor of its own: its slice of the data (a view of the same
+    mapping, rows of whole blocks) and of the file."""
+    experts = int(tensor.shape[-1])
+    n_bytes, n_elements = int(tensor.n_bytes) // experts, int(tensor.n_elements) // experts
+    return [tensor._replace(name=f"{tensor.name}[{e}]", shape=tensor.shape[:-1], n_elements=n_elements, n_bytes=n_bytes,
+                            data_offset=tensor.data_offset + e * n_bytes, data=tensor.data[e]) for e in range(experts)]
 
 
 def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:

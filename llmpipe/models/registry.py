@@ -12,12 +12,14 @@ from llmpipe.models.family import ModelFamily
 from llmpipe.models.gemma3 import GEMMA3
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.phi3 import PHI3
+from llmpipe.models.qwen3_moe import QWEN3_MOE
 
 FAMILIES: tuple[ModelFamily, ...] = (
     LLAMA,
     GEMMA3,
     DEEPSEEK_V4,
     PHI3,
+    QWEN3_MOE,
 )
 
 T = TypeVar("T")

@@ -16,8 +16,9 @@ from gguf import GGMLQuantizationType
 
 # The GGUF architecture llama.cpp gives each tiny Hugging Face config (Mistral GGUFs say "llama").
 GGUF_ARCH_OF = {"llama_gqa": "llama", "llama_mha": "llama", "llama_mqa": "llama", "mistral": "llama",
-                "qwen2": "qwen2", "qwen3": "qwen3"}
-GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
+                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
+             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
 TensorSpec = np.ndarray | tuple[np.ndarray, GGMLQuantizationType]
 # A Llama whose every linear layer's rows are whole 256-weight super-blocks (K-quants, IQ4_XS).
 WIDE_LLAMA = dict(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -83,7 +84,27 @@ def hf_metadata(config: Any, arch: str) -> dict[str, Any]:
         f"{arch}.vocab_size": config.vocab_size,
         "tokenizer.ggml.bos_token_id": config.bos_token_id,
         "tokenizer.ggml.eos_token_id": config.eos_token_id,
-    }
+    } | ({  # a mixture of experts' counts, as the converter's set_gguf_parameters writes them
+        f"{arch}.expert_count": config.num_experts,
+        f"{arch}.expert_used_count": config.num_experts_per_tok,
+        f"{arch}.expert_feed_forward_length": config.moe_intermediate_size,
+    } if hasattr(config, "moe_intermediate_size") else {})
+
+
+def split_experts(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' fused 3-D experts ([experts, 2 × inner, hidden] gate | up; down) as the converter's
+    Qwen2MoeModel.modify_tensors splits them: gate, up and down, each [experts, out, in]."""
+    tensors = {}
+    for name, weight in state_dict.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            gate, up = weight.chunk(2, dim=1)
+            prefix = name.removesuffix("gate_up_proj")
+            tensors |= {f"{prefix}gate_proj.weight": gate, f"{prefix}up_proj.weight": up}
+        elif name.endswith("mlp.experts.down_proj"):
+            tensors[f"{name}.weight"] = weight
+        else:
+            tensors[name] = weight
+    return tensors
 
 
 def hf_tensors(
@@ -92,7 +113,7 @@ def hf_tensors(
     """GGUF-named tensors from a Hugging Face state dict; `qtypes` quantizes chosen HF names."""
     name_map = gguf.get_tensor_name_map(GGUF_ARCH[arch], config.num_hidden_layers)
     tensors: dict[str, TensorSpec] = {}
-    for hf_name, weight in state_dict.items():
+    for hf_name, weight in split_experts(state_dict).items():
         if hf_name == "lm_head.weight" and config.tie_word_embeddings:
             continue
         data = weight.float().numpy()

@@ -13,19 +13,13 @@ from gguf import GGMLQuantizationType as Q
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.gguf_rope import llama3_scaling_from_factors
 from tests.loader.gguf_helpers import GGUF_ARCH_OF, hf_metadata, hf_tensors, llama_cpp_rope_freqs, write_gguf
-
-
-def hf_reference(model) -> dict[str, torch.Tensor]:
-    state = dict(model.state_dict())
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight")
-    return state
+from tests.utils import reference_state_dict
 
 
 @pytest.mark.parametrize("name", sorted(GGUF_ARCH_OF))
 def test_gguf_weights_equal_the_transformers_state_dict(name, tiny_gguf, transformers_model):
     checkpoint = load_checkpoint(str(tiny_gguf(name)))
-    reference = hf_reference(transformers_model(name))
+    reference = reference_state_dict(transformers_model(name))
     weights = dict(checkpoint.iter_weights())
     assert set(weights) == set(reference)
     for key, weight in weights.items():
@@ -45,7 +39,7 @@ def test_gguf_config_matches_the_transformers_config(name, tiny_gguf, transforme
     assert config.num_hidden_layers == hf.num_hidden_layers
     assert config.tie_word_embeddings == hf.tie_word_embeddings
     assert config.attention_bias == (name == "qwen2")
-    assert config.qk_norm == (name == "qwen3")
+    assert config.qk_norm == (name in ("qwen3", "qwen3_moe"))
     assert config.rope_theta == hf.rope_parameters["rope_theta"] and config.rope_scaling is None
     assert config.eos_token_ids == (2,) and config.bos_token_id == 1
 
@@ -58,7 +52,7 @@ def test_quantized_and_half_tensors_dequantize_and_unpermute(tiny_gguf, transfor
         "model.layers.1.mlp.up_proj.weight": Q.BF16,
     }
     checkpoint = load_checkpoint(str(tiny_gguf("llama_gqa", qtypes)))
-    reference = hf_reference(transformers_model("llama_gqa"))
+    reference = reference_state_dict(transformers_model("llama_gqa"))
     weights = dict(checkpoint.iter_weights())
     for key, qtype in qtypes.items():
         # Blocks lie within rows, so quantizing commutes with llama.cpp's row permutation.

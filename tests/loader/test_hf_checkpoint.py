@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from llmpipe.loader import load_checkpoint
-from tests.utils import TINY_CONFIGS
+from tests.utils import TINY_CONFIGS, reference_state_dict
 
 
 def edited_copy(source: Path, target: Path, **changes) -> Path:
@@ -25,9 +25,7 @@ def edited_copy(source: Path, target: Path, **changes) -> Path:
 
 
 def assert_weights_equal_state_dict(checkpoint, model) -> None:
-    reference = dict(model.state_dict())
-    if model.config.tie_word_embeddings:
-        reference.pop("lm_head.weight")
+    reference = reference_state_dict(model)
     weights = dict(checkpoint.iter_weights())
     assert set(weights) == set(reference)
     for name, weight in weights.items():
@@ -59,7 +57,7 @@ def test_config_matches_the_transformers_config(name, tiny_checkpoint, transform
         assert config.rope_local_theta == hf.rope_parameters["sliding_attention"]["rope_theta"]
         assert config.layer_types == tuple(hf.layer_types)
     assert config.attention_bias == (hf.model_type == "qwen2")
-    assert config.qk_norm == (hf.model_type in ("qwen3", "gemma3_text"))
+    assert config.qk_norm == (hf.model_type in ("qwen3", "qwen3_moe", "gemma3_text"))
     assert config.sliding_window == (hf.sliding_window if hf.model_type in ("mistral", "gemma3_text") else None)
     assert config.eos_token_ids == (2,)
     assert checkpoint.path == tiny_checkpoint(name).resolve()

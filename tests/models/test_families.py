@@ -12,6 +12,7 @@ from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.models.deepseek_v4 import DEEPSEEK_V4
 from llmpipe.models.gemma3 import GEMMA3
 from llmpipe.models.llama import LLAMA
+from llmpipe.models.qwen3_moe import QWEN3_MOE
 from llmpipe.models.registry import FAMILIES, family_of, gguf_architecture
 from tests.utils import TINY_CONFIGS
 
@@ -24,6 +25,7 @@ def saved_shapes(directory) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize(("architecture", "family"), [
     ("llama", LLAMA), ("mistral", LLAMA), ("qwen2", LLAMA), ("qwen3", LLAMA),
     ("gemma3_text", GEMMA3), ("gemma3", GEMMA3), ("deepseek_v4", DEEPSEEK_V4),
+    ("qwen3_moe", QWEN3_MOE), ("qwen3moe", QWEN3_MOE),
 ])
 def test_each_architecture_belongs_to_one_family(architecture, family):
     assert family_of(architecture) is family
@@ -32,13 +34,14 @@ def test_each_architecture_belongs_to_one_family(architecture, family):
 
 def test_an_unknown_architecture_is_refused_naming_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"architecture 'olmo2' is not supported \(supported: llama, "
-                                                    r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3\)"):
+                                                    r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3, "
+                                                    r"qwen3_moe, qwen3moe\)"):
         family_of("olmo2")
 
 
 def test_an_unknown_gguf_architecture_is_refused_naming_the_supported_ones(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'phi3' is not supported "
-                                                    r"\(supported: llama, qwen2, qwen3, gemma3\)"):
+                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen3moe\)"):
         gguf_architecture("phi3", tmp_path)
 
 

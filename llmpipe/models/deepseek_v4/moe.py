@@ -14,6 +14,7 @@ from torch import nn
 
 from llmpipe.config import ModelConfig
 from llmpipe.layers.linear import Linear, linear
+from llmpipe.layers.moe import dispatch
 
 SCORE_FUNCTIONS = {"sqrtsoftplus": lambda x: F.softplus(x).sqrt(), "sigmoid": torch.sigmoid}
 
@@ -79,19 +80,8 @@ class Experts(nn.Module):
         self.splits = torch.get_num_threads()
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of weight × expert(x): tokens sorted by expert, one pass per hit expert."""
-        order = indices.flatten().argsort(stable=True)
-        counts = torch.bincount(indices.flatten(), minlength=self.gate_up_proj.shape[0]).tolist()
-        rows, scales = order // indices.shape[1], weights.flatten()[order].unsqueeze(1)
-        out = torch.zeros_like(x)
-        start = 0
-        for expert, count in enumerate(counts):
-            if count:
-                hit = rows[start : start + count]
-                y = self._expert(x.index_select(0, hit), expert) * scales[start : start + count]
-                out.index_add_(0, hit, y.to(out.dtype))
-            start += count
-        return out
+        """Sum over each token's experts of weight × expert(x): tokens grouped by expert, one pass per hit expert."""
+        return dispatch(x, weights, indices, self.gate_up_proj.shape[0], self._expert)
 
     def _expert(self, x: torch.Tensor, expert: int) -> torch.Tensor:
         h = clamped_swiglu(linear(x, self.gate_up_proj[expert], splits=self.splits), self.limit)

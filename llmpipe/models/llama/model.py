@@ -71,11 +71,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
         super().__init__()
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.gate_up_proj.shard_sizes = (cfg.intermediate_size, cfg.intermediate_size)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        inner = intermediate_size or cfg.intermediate_size  # an expert's is its own (moe_intermediate_size)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inner, bias=False)
+        self.gate_up_proj.shard_sizes = (inner, inner)
+        self.down_proj = Linear(inner, cfg.hidden_size, bias=False)
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,12 +85,12 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = LlamaMLP(cfg) if mlp is None else mlp  # a mixture of experts' sparse block, in place of the dense one
 
     def forward(self, x, rope, kv_cache, meta):
         x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
@@ -110,10 +111,13 @@ class LlamaModel(FusedDecodeBody, nn.Module):
         # Given an empty weight (the checkpoint fills it), nn.Embedding skips its random init, whose
         # first call on the meta device imports torch._dynamo: seconds off every process's first load.
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
         self.config = cfg
+
+    def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        return LlamaDecoderLayer(cfg)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], metas: list[AttentionMetadata]) -> torch.Tensor:
         """metas: each layer's attention metadata (layers of one KV cache group share one)."""

@@ -1,0 +1,56 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B, Qwen3-235B-A22B): Hugging Face directories and GGUF `qwen3moe`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.errors import UnsupportedModelError
+from llmpipe.loader.gguf_names import GGUFArchitecture
+from llmpipe.models.family import ModelFamily
+from llmpipe.models.llama import LLAMA_TENSORS, QK_NORM
+from llmpipe.models.llama.model import STACKED_PARAMS
+from llmpipe.models.qwen3_moe.config import gguf_moe_fields, hf_moe_fields
+from llmpipe.models.qwen3_moe.model import Qwen3MoeForCausalLM
+
+EXPERT_TENSORS = {
+    "blk.{i}.ffn_gate_exps.weight": "model.layers.{i}.mlp.experts.{e}.gate_proj.weight",
+    "blk.{i}.ffn_up_exps.weight": "model.layers.{i}.mlp.experts.{e}.up_proj.weight",
+    "blk.{i}.ffn_down_exps.weight": "model.layers.{i}.mlp.experts.{e}.down_proj.weight",
+}
+ROUTER = {"blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.mlp.gate.weight"}
+
+
+class Qwen3MoeFamily(ModelFamily):
+    name = "qwen3_moe"
+    model_class = Qwen3MoeForCausalLM
+    model_types = ("qwen3_moe",)
+    gguf = {"qwen3moe": GGUFArchitecture(tensors=LLAMA_TENSORS | QK_NORM | ROUTER, experts=EXPERT_TENSORS)}
+    stacked = STACKED_PARAMS
+    hf_architectures = {"qwen3_moe": "Qwen3MoeForCausalLM"}
+
+    def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        own: dict[str, Any] = {"qk_norm": True, "attention_bias": bool(cfg.get("attention_bias", False)),
+                               "extra": hf_moe_fields(cfg, path)}
+        if not cfg.get("use_sliding_window", False):
+            own["sliding_window"] = None  # as Qwen3: a window only with use_sliding_window
+        return cfg, own
+
+    def gguf_fields(self, hp: Callable[..., Any]) -> dict[str, Any]:
+        return {"extra": gguf_moe_fields(hp)}
+
+    def hf_config_fields(self, config: ModelConfig) -> dict[str, Any]:
+        moe = config.extra
+        return {
+            "num_experts": moe.num_experts, "num_experts_per_tok": moe.num_experts_per_tok,
+            "moe_intermediate_size": moe.moe_intermediate_size, "norm_topk_prob": moe.norm_topk_prob,
+            "decoder_sparse_step": 1, "mlp_only_layers": [i for i, sparse in enumerate(moe.sparse_layers) if not sparse],
+        }
+
+    def check_engine_options(self, config: EngineConfig) -> None:
+        if config.tensor_parallel_size > 1:
+            raise UnsupportedModelError("qwen3_moe: tensor_parallel_size > 1 is not supported (experts are not sharded yet)")
+
+
+QWEN3_MOE = Qwen3MoeFamily()

@@ -1,0 +1,43 @@
+"""A qwen3moe GGUF (each layer's experts as 3-D tensors, as llama.cpp's converter writes them): float, it is
+transformers' model; quantized, each expert is its own slice of the file's blocks, read in place, and computes
+the dequantized model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from llmpipe import LLM
+from llmpipe.quant.linear import GGMLLinear
+from tests.loader.test_gguf_native_quant import mapped_file
+from tests.models.test_qwen3_moe import GREEDY, PROMPT
+
+EXPERT_QTYPES = {  # quantized 3-D experts (and a quantized attention), the rest float
+    **{f"model.layers.{i}.mlp.experts.{w}_proj.weight": q for i in (0, 1) for w, q in (("gate", Q.Q8_0), ("up", Q.Q8_0),
+                                                                                        ("down", Q.Q4_0))},
+    "model.layers.0.self_attn.o_proj.weight": Q.Q8_0,
+}
+
+
+def test_a_float_gguf_matches_transformers(tiny_gguf, transformers_model):
+    llm = LLM(str(tiny_gguf("qwen3_moe")), progress=False)
+    with torch.no_grad():
+        theirs = transformers_model("qwen3_moe")(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(llm.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
+
+
+def test_quantized_experts_are_read_in_place_and_compute_the_dequantized_model(tiny_gguf):
+    path = str(tiny_gguf("qwen3_moe", EXPERT_QTYPES))
+    native, dense = LLM(path, activation_quantization=None, progress=False), LLM(path, dtype="float32", progress=False)
+    experts = native.engine.model.model.layers[0].mlp.experts
+    assert all(isinstance(e.gate_up_proj, GGMLLinear) and isinstance(e.down_proj, GGMLLinear) for e in experts)
+    if Path("/proc/self/maps").exists():  # the file's own pages: each expert's slice of the 3-D tensor
+        down = [blocks for e in experts for _, blocks in e.down_proj.segment_blocks()]
+        assert {mapped_file(b.data_ptr()) for b in down} == {Path(path).resolve()}
+        assert [b.data_ptr() - down[0].data_ptr() for b in down] == [e * down[0].numel() for e in range(len(down))]
+    assert native.engine.weight_bytes < dense.engine.weight_bytes
+    torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
+    outputs = [llm.generate([{"prompt_token_ids": PROMPT}], GREEDY)[0].outputs[0].token_ids for llm in (native, dense)]
+    assert outputs[0] == outputs[1]
