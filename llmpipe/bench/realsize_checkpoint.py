@@ -1,10 +1,13 @@
 """Random-weight Hugging Face checkpoints at the shapes of real models, for `llmpipe bench realsize`.
 
 A benchmark of memory-bound decode needs the real byte counts and matrix shapes, not the real
-weights: the checkpoints here have the published configs of Llama-3.2-1B / 3B, Llama-3.1-8B and
-Qwen2.5-7B, normal(0, 0.02) weights in bfloat16 and a synthetic byte-level BPE tokenizer of the
-right vocabulary size. They are written a shard of a few tensors at a time (an 8B model never sits
-in memory whole) so that llama.cpp's own converter can turn them into GGUFs.
+weights: the checkpoints here have the published configs of Llama-3.2-1B / 3B, Llama-3.1-8B,
+Qwen2.5-7B and Qwen3-30B-A3B (12 of its 48 layers, each at its real shapes: 128 experts of which a token
+reads 8, so a token costs what it costs in the whole model's layers, times 12 / 48; the whole model
+would not fit in this machine's memory beside the benchmark), normal(0, 0.02) weights in bfloat16
+and a synthetic byte-level BPE tokenizer of the right vocabulary size. They are written a shard of a
+few tensors at a time (an 8B model never sits in memory whole) so that llama.cpp's own converter can
+turn them into GGUFs.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ class Shape:
     """One model's architecture as its config.json states it."""
 
     name: str
-    model_type: str  # "llama" or "qwen2"
+    model_type: str  # "llama", "qwen2" or "qwen3_moe"
     hidden: int
     intermediate: int
     layers: int
@@ -48,10 +51,14 @@ class Shape:
     max_position: int
     tie_embeddings: bool
     rope_scaling: dict[str, Any] | None = field(default=None)
+    explicit_head_dim: int | None = None  # where it is not hidden / heads (Qwen3)
+    experts: int = 0  # a mixture of experts: how many, how many a token reads, and each one's width
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.explicit_head_dim or self.hidden // self.heads
 
     @property
     def qkv_bias(self) -> bool:
@@ -61,7 +68,7 @@ class Shape:
     def bpe_pre(self) -> str:
         """The `tokenizer.ggml.pre` name of the real model's pre-tokenizer (llama.cpp's converter
         recognises a tokenizer by hashing real text, which a synthetic vocabulary cannot match)."""
-        return "qwen2" if self.model_type == "qwen2" else "llama-bpe"
+        return "llama-bpe" if self.model_type == "llama" else "qwen2"
 
     def specials(self) -> list[str]:
         """The special tokens' strings in id order: the real model's first ones, then placeholders."""
@@ -73,9 +80,9 @@ class Shape:
         """config.json as the published checkpoint has it (legacy rope keys: what both the converter
         and transformers read)."""
         bos = self.regular_tokens
-        eos = bos if self.model_type == "qwen2" else bos + 1
+        eos = bos + 1 if self.model_type == "llama" else bos
         config: dict[str, Any] = {
-            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2" else "LlamaForCausalLM"],
+            "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
             "num_hidden_layers": self.layers, "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads, "vocab_size": self.vocab, "rope_theta": self.rope_theta,
@@ -87,6 +94,12 @@ class Shape:
         if self.model_type == "llama":
             config |= {"head_dim": self.head_dim, "attention_bias": False, "mlp_bias": False,
                        "pretraining_tp": 1, "rope_scaling": self.rope_scaling}
+        elif self.model_type == "qwen3_moe":
+            config |= {"head_dim": self.head_dim, "attention_bias": False, "use_sliding_window": False,
+                       "sliding_window": None, "max_window_layers": self.layers, "rope_scaling": None,
+                       "num_experts": self.experts, "num_experts_per_tok": self.experts_per_token,
+                       "moe_intermediate_size": self.expert_intermediate, "norm_topk_prob": True,
+                       "decoder_sparse_step": 1, "mlp_only_layers": []}
         else:
             config |= {"use_sliding_window": False, "sliding_window": self.max_position,
                        "max_window_layers": self.layers, "rope_scaling": None}
@@ -94,26 +107,44 @@ class Shape:
 
     def tensors(self) -> Iterator[tuple[str, tuple[int, ...]]]:
         """Every tensor's name and shape, in the order the checkpoint stores them."""
-        kv = self.kv_heads * self.head_dim
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         yield "model.embed_tokens.weight", (self.vocab, self.hidden)
         for i in range(self.layers):
             p = f"model.layers.{i}."
             yield p + "input_layernorm.weight", (self.hidden,)
-            for proj, rows in (("q_proj", self.hidden), ("k_proj", kv), ("v_proj", kv)):
+            for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                 yield p + f"self_attn.{proj}.weight", (rows, self.hidden)
                 if self.qkv_bias:
                     yield p + f"self_attn.{proj}.bias", (rows,)
-            yield p + "self_attn.o_proj.weight", (self.hidden, self.hidden)
+            yield p + "self_attn.o_proj.weight", (self.hidden, q)
+            if self.model_type == "qwen3_moe":
+                yield p + "self_attn.q_norm.weight", (self.head_dim,)
+                yield p + "self_attn.k_norm.weight", (self.head_dim,)
             yield p + "post_attention_layernorm.weight", (self.hidden,)
-            yield p + "mlp.gate_proj.weight", (self.intermediate, self.hidden)
-            yield p + "mlp.up_proj.weight", (self.intermediate, self.hidden)
-            yield p + "mlp.down_proj.weight", (self.hidden, self.intermediate)
+            if self.experts:
+                yield p + "mlp.gate.weight", (self.experts, self.hidden)
+                for e in range(self.experts):
+                    yield from self._mlp(f"{p}mlp.experts.{e}.", self.expert_intermediate)
+            else:
+                yield from self._mlp(f"{p}mlp.", self.intermediate)
         yield "model.norm.weight", (self.hidden,)
         if not self.tie_embeddings:
             yield "lm_head.weight", (self.vocab, self.hidden)
 
+    def _mlp(self, prefix: str, inner: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield prefix + "gate_proj.weight", (inner, self.hidden)
+        yield prefix + "up_proj.weight", (inner, self.hidden)
+        yield prefix + "down_proj.weight", (self.hidden, inner)
+
     def parameters(self) -> int:
         return sum(_numel(shape) for _, shape in self.tensors())
+
+    def active_parameters(self) -> int:
+        """What one token reads: every tensor but the experts it is not routed to."""
+        if not self.experts:
+            return self.parameters()
+        expert = 3 * self.hidden * self.expert_intermediate
+        return self.parameters() - self.layers * (self.experts - self.experts_per_token) * expert
 
 
 def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, factor: float, tie: bool) -> Shape:
@@ -121,12 +152,18 @@ def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, f
                  500000.0, 1e-5, 131072, tie, LLAMA3_ROPE | {"factor": factor})
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+QWEN3_SPECIALS = (*QWEN2_SPECIALS, "<|object_ref_start|>")
 SHAPES: dict[str, Shape] = {
     "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 32.0, True),
     "llama-3.2-3b": _llama("llama-3.2-3b", 3072, 8192, 28, 24, 32.0, True),
     "llama-3.1-8b": _llama("llama-3.1-8b", 4096, 14336, 32, 32, 8.0, False),
     "qwen2.5-7b": Shape("qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 152064, 151643, 22, QWEN2_SPECIALS,
                         1000000.0, 1e-6, 131072, False),
+    # Qwen3-30B-A3B's config but for 12 of its 48 layers (the file's name says so)
+    "qwen3-30b-a3b-12l": Shape("qwen3-30b-a3b-12l", "qwen3_moe", 2048, 6144, 12, 32, 4, 151936, 151643, 26,
+                               QWEN3_SPECIALS, 1000000.0, 1e-6, 40960, False, explicit_head_dim=128, experts=128,
+                               experts_per_token=8, expert_intermediate=768),
 }
 
 

@@ -1,9 +1,38 @@
-"""What a forward pass costs, from a model's config: matmul FLOPs and bytes read (the roofline's axes)."""
+"""What a forward pass costs, from a model's config: matmul FLOPs and bytes read (the roofline's axes).
+
+A mixture of experts' token multiplies only its k of E experts' weights, and a decode step of B tokens
+reads the experts any of them was routed to: E · (1 − (1 − k/E)^B) of them, routing taken as uniform.
+"""
 
 from __future__ import annotations
 
+import math
+import re
+
 from llmpipe.config import ModelConfig
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.models.registry import family_of
+
+EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.")  # one routed expert's matrix, as checkpoints name it
+
+
+def expert_share(cfg: ModelConfig, batch: float = 1) -> float:
+    """The share of a layer's routed experts a decode step of `batch` tokens reads (1 for a dense model)."""
+    routing = family_of(cfg.architecture).routing(cfg)
+    if routing is None:
+        return 1.0
+    experts, per_token = routing
+    return 1 - (1 - per_token / experts) ** batch
+
+
+def active_fraction(cfg: ModelConfig, batch: float = 1) -> float:
+    """The share of the weights (by parameters) a decode step of `batch` tokens reads."""
+    share, total, active = expert_share(cfg, batch), 0, 0.0
+    for name, shape in expected_weight_shapes(cfg).items():
+        numel = math.prod(shape)
+        total += numel
+        active += numel * (share if EXPERT_WEIGHT.search(name) else 1.0)
+    return active / total
 
 
 def is_decoder_linear(name: str, shape: tuple[int, ...]) -> bool:
@@ -11,8 +40,11 @@ def is_decoder_linear(name: str, shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and name.startswith("model.layers.")
 
 
-def decoder_linear_params(cfg: ModelConfig) -> int:
-    return sum(s[0] * s[1] for name, s in expected_weight_shapes(cfg).items() if is_decoder_linear(name, s))
+def decoder_linear_params(cfg: ModelConfig) -> float:
+    """The decoder's matrix parameters one token multiplies: a mixture of experts' k of E experts only."""
+    share = expert_share(cfg)
+    return sum(s[0] * s[1] * (share if EXPERT_WEIGHT.search(name) else 1.0)
+               for name, s in expected_weight_shapes(cfg).items() if is_decoder_linear(name, s))
 
 
 def attended(cfg: ModelConfig, context: float) -> float:
@@ -47,8 +79,9 @@ def mean_decode_context(prompt_len: int, output_len: float) -> float:
 
 def decode_step_bytes(cfg: ModelConfig, weight_bytes: float, kv_bytes_per_token: float, batch: int,
                       context: float) -> float:
-    """A decode step of `batch` sequences reads every weight once and each sequence's cached K/V."""
-    return weight_bytes + batch * kv_bytes_per_token * attended(cfg, context)
+    """A decode step of `batch` sequences reads every weight it needs once (a mixture of experts: the
+    experts its tokens were routed to) and each sequence's cached K/V."""
+    return weight_bytes * active_fraction(cfg, batch) + batch * kv_bytes_per_token * attended(cfg, context)
 
 
 def prefill_bytes(weight_bytes: int, kv_bytes_per_token: int, tokens: int, chunk_tokens: int) -> float:

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
+from llmpipe.diagnose.costs import EXPERT_WEIGHT, expert_share
 from llmpipe.kv_cache.paged import kv_bytes_per_token, num_blocks_for
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import quant_plan
 from llmpipe.quant.formats import weight_bytes_per_param
@@ -36,6 +38,11 @@ NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
     "llama-70b": _llama(8192, 28672, 80, 64, kv_heads=8),
     "llama3-8b": _llama(4096, 14336, 32, 32, kv_heads=8, vocab=128256, context=8192, rope_theta=500000.0),
     "mistral-7b": _llama(4096, 14336, 32, 32, kv_heads=8, context=32768),
+    # Qwen3-30B-A3B: 128 experts of 768 in every layer, 8 a token (3.3B of its 30.5B parameters)
+    "qwen3-30b-a3b": ModelConfig(
+        architecture="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
+        qk_norm=True, extra=Qwen3MoeFields(128, 8, 768, True, (True,) * 48)),
 }
 
 NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
@@ -50,6 +57,8 @@ class WeightBytes:
     quantized_params: int
     resident: int  # what the engine holds: quantized weights with their scales, the rest in dtype
     uniform: int  # every parameter at the nominal width, no scales: the textbook arithmetic
+    active_params: int = 0  # what one token reads: a mixture of experts' k of E experts (all for a dense model)
+    active_resident: int = 0  # their bytes: what batch-1 decode streams per token
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, group_size: int = 128,
@@ -64,23 +73,28 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, 
     if not cfg.tie_word_embeddings:
         converted.discard("model.embed_tokens.weight")  # only its rows are looked up: it stays float
     as_stored = {name: stored(name) for name in linear} if quantization == "auto" and stored else {}
+    share = expert_share(cfg)
     counted = quantized = 0
-    resident = 0.0
+    resident = active = active_resident = 0.0
     for name, shape in shapes.items():
         numel = math.prod(shape)
         counted += numel
         if as_stored.get(name) is not None:
             quantized += numel
-            resident += as_stored[name]
+            nbytes = as_stored[name]
         elif name in converted:
             quantized += numel
-            resident += numel * weight_bytes_per_param(quantization, dtype_bytes, group_size, shape[1])
+            nbytes = numel * weight_bytes_per_param(quantization, dtype_bytes, group_size, shape[1])
         else:
-            resident += numel * dtype_bytes
+            nbytes = numel * dtype_bytes
+        resident += nbytes
+        read = share if EXPERT_WEIGHT.search(name) else 1.0
+        active, active_resident = active + numel * read, active_resident + nbytes * read
     total = params or counted
     scale = total / counted
     nominal = NOMINAL_BYTES.get(quantization, dtype_bytes) if quantization else dtype_bytes
-    return WeightBytes(total, round(quantized * scale), round(resident * scale), round(total * nominal))
+    return WeightBytes(total, round(quantized * scale), round(resident * scale), round(total * nominal),
+                       round(active * scale), round(active_resident * scale))
 
 
 def blocks_per_sequence(context: int, block_size: int) -> int:

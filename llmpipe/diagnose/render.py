@@ -95,6 +95,8 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
     kv_kind = "" if p.kv_cache_dtype == "auto" else f" ({p.kv_cache_dtype})"
     rows = [("parameters", f"{w.params:,}{arch_note}"),
             (f"weights ({p.dtype}{quant})", fmt_bytes(w.resident)),
+            *([("active per token (experts it is routed to)", f"{w.active_params:,} parameters, "
+                f"{fmt_bytes(w.active_resident)} read per decoded token")] if w.active_params < w.params else []),
             (f"KV cache per token{kv_kind}", f"{p.kv_bytes_per_token:,} B = {p.kv_bytes_per_token / 2**20:.3g} MiB"),
             (f"KV per {p.context:,}-token sequence", fmt_bytes(p.kv_bytes_per_sequence)),
             (f"weights + KV of {p.batch} sequence(s)", fmt_bytes(p.total_bytes)),

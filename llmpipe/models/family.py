@@ -51,6 +51,10 @@ class ModelFamily:
         """The family's own entries of the config.json that hf_config_dict writes."""
         return {}
 
+    def routing(self, config: ModelConfig) -> tuple[int, int] | None:
+        """A mixture of experts' (experts per layer, experts a token reads), or None for a dense model."""
+        return None
+
     @property
     def kv_cache_class(self) -> type:
         """The KV cache class for the family's layers (kv_cache/paged.py's KVCache protocol)."""

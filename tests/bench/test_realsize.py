@@ -22,6 +22,17 @@ def test_the_shapes_have_the_published_parameter_counts(name, billions):
     assert SHAPES[name].parameters() / 1e9 == pytest.approx(billions, abs=0.001)
 
 
+def test_the_moe_shape_is_qwen3_30b_a3b_per_layer():
+    """12 of 48 layers: the whole model's 30.53 B parameters and 3.3 B active a token, scaled by layers."""
+    shape = SHAPES["qwen3-30b-a3b-12l"]
+    embeddings = 2 * shape.vocab * shape.hidden  # untied: embedding and head, outside the layers
+    assert (shape.parameters() - embeddings) * 4 + embeddings == pytest.approx(30.532e9, rel=1e-3)
+    assert (shape.active_parameters() - embeddings) * 4 + embeddings == pytest.approx(3.3e9, rel=0.02)
+    config = shape.config()
+    assert (config["num_experts"], config["num_experts_per_tok"], config["moe_intermediate_size"], config["head_dim"]) == (
+        128, 8, 768, 128)
+
+
 def test_llama_3_rope_and_tied_embeddings_are_as_published():
     small, big, qwen = SHAPES["llama-3.2-1b"].config(), SHAPES["llama-3.1-8b"].config(), SHAPES["qwen2.5-7b"].config()
     assert small["rope_scaling"]["rope_type"] == "llama3" and small["rope_scaling"]["factor"] == 32.0
@@ -52,12 +63,13 @@ def test_the_synthetic_bpe_has_the_exact_size_and_consistent_merges():
     assert all(a in vocab and b in vocab and vocab[a + b] > max(vocab[a], vocab[b]) for a, b in merges)
 
 
-@pytest.mark.parametrize("base", ["llama-3.2-1b", "qwen2.5-7b"])
+@pytest.mark.parametrize("base", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-30b-a3b-12l"])
 def test_a_tiny_checkpoint_written_tensor_by_tensor_loads_in_transformers(tmp_path, base):
     import transformers
 
+    moe = dict(explicit_head_dim=32, experts=4, experts_per_token=2, expert_intermediate=48) if SHAPES[base].experts else {}
     shape = dataclasses.replace(SHAPES[base], hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=640,
-                                regular_tokens=600, special_tokens=16)
+                                regular_tokens=600, special_tokens=16, **moe)
     out = write_checkpoint(shape, tmp_path / base, shard_bytes=20_000, progress=False)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     names = dict(shape.tensors())

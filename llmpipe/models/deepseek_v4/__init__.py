@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from llmpipe.config import EngineConfig
+from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.models.deepseek_v4.cache import CompressedKVCache
 from llmpipe.models.deepseek_v4.config import deepseek_v4_config
@@ -25,6 +25,9 @@ class DeepseekV4Family(ModelFamily):
     def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         cfg, fields = deepseek_v4_config(cfg, path)
         return cfg, {"extra": fields}
+
+    def routing(self, config: ModelConfig) -> tuple[int, int]:
+        return config.extra.num_experts, config.extra.num_experts_per_tok
 
     def checkpoint_tensors(self, model: nn.Module, param: str, shape: Shape) -> dict[str, Shape]:
         return checkpoint_tensors(param, shape)

@@ -48,6 +48,9 @@ class Qwen3MoeFamily(ModelFamily):
             "decoder_sparse_step": 1, "mlp_only_layers": [i for i, sparse in enumerate(moe.sparse_layers) if not sparse],
         }
 
+    def routing(self, config: ModelConfig) -> tuple[int, int]:
+        return config.extra.num_experts, config.extra.num_experts_per_tok
+
     def check_engine_options(self, config: EngineConfig) -> None:
         if config.tensor_parallel_size > 1:
             raise UnsupportedModelError("qwen3_moe: tensor_parallel_size > 1 is not supported (experts are not sharded yet)")
