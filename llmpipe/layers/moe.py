@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from llmpipe.layers.linear import linear
+from llmpipe.quant.linear import stacked_linear
 
 
 def dispatch(x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, num_experts: int,
@@ -59,11 +60,23 @@ class SoftmaxTopKRouter(nn.Module):
 
 
 class Experts(nn.ModuleList):
-    """One module per expert (each a gated MLP whose linears quantize and load as any other's), run by
-    `dispatch` over the rows routed to it."""
+    """One gated MLP per expert (`gate_up_proj`, `act`, `down_proj`: linears that quantize and load as any
+    other's), run by `dispatch` over the rows routed to it. A single token (batch-1 decode) takes its k
+    experts' gate_up in one product (GGUF blocks: one kernel call, the activation quantized once), their
+    activations as one [k, inner] tensor, then each expert's down on its own row."""
 
     def __init__(self, experts: Iterable[nn.Module]):
         super().__init__(experts)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return self._one_token(x, weights, indices[0].tolist())
         return dispatch(x, weights, indices, len(self), lambda rows, e: self[e](rows))
+
+    def _one_token(self, x: torch.Tensor, weights: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        experts = [self[e] for e in ids]
+        inner = experts[0].down_proj.in_features
+        gate, up = stacked_linear(x, [e.gate_up_proj for e in experts]).view(len(ids), 2, inner).unbind(1)
+        h = experts[0].act(gate) * up
+        y = torch.cat([e.down_proj(h[j : j + 1]) for j, e in enumerate(experts)])  # [k, hidden]
+        return weights.to(y.dtype) @ y

@@ -469,3 +469,17 @@ class GGMLLinear(QuantizedLinear):
         out = torch.empty(len(rows), self.in_features)
         out[torch.cat(places)] = torch.cat(pieces)
         return out
+
+
+def stacked_linear(x: torch.Tensor, layers: list[nn.Module]) -> torch.Tensor:
+    """x @ the layers' weights stacked by rows: [..., Σ out]. GGUF block weights (GGMLLinear, no bias) take
+    one kernel call over all their segments, x quantized once (a token's experts' gate_up); others one each."""
+    first = layers[0]
+    bits = getattr(first, "activation_bits", None)
+    if (bits is None or x.device.type != "cpu" or not ops.available()
+            or any(type(m) is not GGMLLinear or m.bias is not None or m.activation_bits != bits for m in layers)):
+        return torch.cat([m(x) for m in layers], dim=-1)
+    wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
+    table = torch.cat([m.segment_table for m in layers])
+    y = ops.ggml_segments_dot(wide.reshape(-1, first.in_features), table, sum(m.out_features for m in layers), bits)
+    return y.view(*x.shape[:-1], -1).to(x.dtype)

@@ -10,7 +10,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from llmpipe import LLM
-from llmpipe.quant.linear import GGMLLinear
+from llmpipe.quant.linear import GGMLLinear, stacked_linear
 from tests.loader.test_gguf_native_quant import mapped_file
 from tests.models.test_qwen3_moe import GREEDY, PROMPT
 
@@ -41,3 +41,12 @@ def test_quantized_experts_are_read_in_place_and_compute_the_dequantized_model(t
     torch.testing.assert_close(native.engine.score(PROMPT), dense.engine.score(PROMPT), atol=1e-4, rtol=0)
     outputs = [llm.generate([{"prompt_token_ids": PROMPT}], GREEDY)[0].outputs[0].token_ids for llm in (native, dense)]
     assert outputs[0] == outputs[1]
+
+
+def test_a_tokens_experts_in_one_kernel_call_equal_each_alone(tiny_gguf):
+    """stacked_linear over GGUF block weights: one call, the activation quantized once, the same numbers."""
+    llm = LLM(str(tiny_gguf("qwen3_moe", EXPERT_QTYPES)), progress=False)
+    experts = llm.engine.model.model.layers[0].mlp.experts
+    layers = [experts[e].gate_up_proj for e in (5, 0, 3)]
+    x = torch.randn(1, layers[0].in_features)
+    assert torch.equal(stacked_linear(x, layers), torch.cat([m(x) for m in layers], dim=-1))
