@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as Q
 from llmpipe import LLM
 from llmpipe.quant.linear import GGMLLinear, stacked_linear
 from tests.loader.test_gguf_native_quant import mapped_file
+from tests.models.test_llama_decode_step import PROMPTS, assert_matches_layered
 from tests.models.test_qwen3_moe import GREEDY, PROMPT
 
 EXPERT_QTYPES = {  # quantized 3-D experts (and a quantized attention), the rest float
@@ -50,3 +51,12 @@ def test_a_tokens_experts_in_one_kernel_call_equal_each_alone(tiny_gguf):
     layers = [experts[e].gate_up_proj for e in (5, 0, 3)]
     x = torch.randn(1, layers[0].in_features)
     assert torch.equal(stacked_linear(x, layers), torch.cat([m(x) for m in layers], dim=-1))
+
+
+def test_the_fused_decode_step_runs_quantized_experts_as_layer_by_layer(tiny_gguf):
+    """GGUF experts (Q8_0 gate / up, Q4_0 down) with 16-bit activation blocks in the whole-stack step: as
+    the layered path to quantization noise (the step's norm and SiLU round differently in the last bit),
+    the same greedy tokens up to a near tie."""
+    llm = LLM(str(tiny_gguf("qwen3_moe", EXPERT_QTYPES)), progress=False)
+    assert llm.engine.model.model.decode_step() is not None
+    assert_matches_layered(llm, atol=0.05, prompts=PROMPTS[:1], near_tie=0.2)

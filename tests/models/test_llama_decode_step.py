@@ -82,6 +82,23 @@ def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
     assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS[:1])
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_mixture_of_experts_matches_layer_by_layer(tiny_checkpoint, threads):
+    """Qwen3-MoE's experts in the step (batch 1): the router's softmax top-3 of 8, renormalized, each chosen
+    expert's SwiGLU and its weighted down projection added into the residual — the layered path's
+    `layers/moe.py` to float32 rounding, on 1 to 3 threads; a batch takes the layered path."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        llm = LLM(str(tiny_checkpoint("qwen3_moe")), progress=False)
+        step = llm.engine.model.model.decode_step()
+        assert step is not None and step.max_batch == 1
+        assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS[:1])
+        assert_matches_layered(llm, atol=2e-5, prompts=[LONG_PROMPT])
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa"])
 def test_long_contexts_split_attention_over_the_threads(tiny_checkpoint, name, threads):

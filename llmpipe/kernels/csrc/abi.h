@@ -18,6 +18,12 @@
 #define KIND_INT8 2
 #define KIND_Q5_0 3
 #define KIND_GGML 4
+/* A mixture of experts' MLP, in a LayerDesc's gate_up and down: `weight` points at an ExpertsDesc (E, top_k,
+ * renormalize, the router's F32 LinearDesc, then each expert's gate_up LinearDesc and each one's down);
+ * N is 2 × top_k × an expert's width, K the hidden size. Batch-1 steps only. */
+#define KIND_EXPERTS 5
+#define EXPERTS_HEADER_WORDS (3 + LINEAR_WORDS)
+#define MAX_TOP_K 32
 
 /* A LayerDesc's act */
 #define ACT_SILU 0

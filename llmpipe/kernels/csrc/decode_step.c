@@ -52,7 +52,7 @@
 #include "lowbit_q5_rows.h"
 #include "lowbit_q8_rows.h"
 
-enum { F32 = KIND_F32, INT4 = KIND_INT4, INT8 = KIND_INT8, Q5_0 = KIND_Q5_0, GGML = KIND_GGML };
+enum { F32 = KIND_F32, INT4 = KIND_INT4, INT8 = KIND_INT8, Q5_0 = KIND_Q5_0, GGML = KIND_GGML, EXPERTS = KIND_EXPERTS };
 
 typedef struct {
     int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
@@ -82,11 +82,18 @@ typedef struct {
     uint16_t *kv_scales; /* int8 caches: their float16 scales (NULL: float32) */
 } LayerDesc;
 
+typedef struct {
+    int64_t experts, top_k, renormalize; /* renormalize: the top-k probabilities rescaled to sum to 1 */
+    LinearDesc router;                   /* F32 [experts, hidden] */
+    LinearDesc expert[];                 /* each expert's gate_up, then each one's down */
+} ExpertsDesc;
+
 /* The Python side lays these out as abi.h's int64 words. */
 _Static_assert(sizeof(LinearDesc) == LINEAR_WORDS * 8, "LinearDesc is LINEAR_WORDS words");
 _Static_assert(sizeof(LayerDesc) == LAYER_WORDS * 8, "LayerDesc is LAYER_WORDS words");
 _Static_assert(offsetof(LayerDesc, rope) == LAYER_ROPE_WORD * 8, "LayerDesc.rope is word LAYER_ROPE_WORD");
 _Static_assert(offsetof(LayerDesc, table) == LAYER_TABLE_WORD * 8, "LayerDesc.table is word LAYER_TABLE_WORD");
+_Static_assert(offsetof(ExpertsDesc, expert) == EXPERTS_HEADER_WORDS * 8, "ExpertsDesc's experts follow its header");
 
 /* Per-thread buffers, sized for the widest input (K) and output slice. */
 typedef struct {
@@ -422,6 +429,47 @@ static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64
     }
 }
 
+/* A token's experts: the top_k of softmax(logits), their weights the probabilities (renormalized over the
+ * k where asked); ties to the lower index. Every thread computes the same, so none waits for another. */
+static void route(const float *logits, int64_t E, int64_t k, int64_t renormalize, int64_t *ids, float *weights) {
+    float top = logits[0], sum = 0.0f, chosen = 0.0f;
+    for (int64_t e = 1; e < E; e++) top = logits[e] > top ? logits[e] : top;
+    for (int64_t e = 0; e < E; e++) sum += expf(logits[e] - top);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t i = 0; i < j; i++) taken |= ids[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        ids[j] = best, weights[j] = expf(logits[best] - top) / sum, chosen += weights[j];
+    }
+    if (renormalize)
+        for (int64_t j = 0; j < k; j++) weights[j] /= chosen;
+}
+
+/* A mixture of experts' MLP on one normed row xn: its router's logits (every thread a slice, then a
+ * barrier), its k experts' gate_up and activation into act [k, I] (each thread the same rows of every
+ * expert: no barrier between them), a barrier, then each expert's down, weighted, added into x. */
+static void experts_mlp(const LayerDesc *layer, const float *xn, float *x, float *logits, float *act, Scratch *s) {
+    const ExpertsDesc *d = layer->gate_up.weight;
+    const int64_t E = d->experts, k = d->top_k, I = d->expert[0].N / 2;
+    linear_into(&d->router, xn, 1, logits, E, 0, s);
+#pragma omp barrier
+    int64_t ids[MAX_TOP_K];
+    float weights[MAX_TOP_K];
+    route(logits, E, k, d->renormalize, ids, weights);
+    for (int64_t j = 0; j < k; j++) gate_up_act(&d->expert[ids[j]], layer->act, xn, 1, act + j * I, s);
+#pragma omp barrier
+    for (int64_t j = 0; j < k; j++) {
+        const LinearDesc *down = &d->expert[E + ids[j]];
+        int64_t n0, n1;
+        row_range(down->N, 1, &n0, &n1);
+        linear_slice(down, act + j * I, 1, n0, n1, s);
+        for (int64_t n = n0; n < n1; n++) x[n] += weights[j] * s->y[n - n0];
+    }
+}
+
 /* One KV head's new K (or V) into the cache at element `at` (its scale at `at / D`). */
 static void cache_row(const LayerDesc *layer, const float *row, int64_t cache_half, int64_t at, int64_t D) {
     if (layer->kv_scales)
@@ -467,13 +515,22 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
                  int64_t KVH, int64_t D, float eps, float scale, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *tables, int64_t table_width, const int64_t *lens,
                  int64_t num_blocks, int64_t block_size, const float *final_norm) {
-    const int64_t width = (H + 2 * KVH) * D, I = layers[0].gate_up.N / 2;
+    const int64_t width = (H + 2 * KVH) * D;
+    int64_t I = 0, E = 0; /* the widest MLP activation (experts: top_k of them), the most experts */
+    for (int64_t l = 0; l < num_layers; l++) {
+        I = layers[l].gate_up.N / 2 > I ? layers[l].gate_up.N / 2 : I;
+        if (layers[l].gate_up.kind == EXPERTS) {
+            const int64_t experts = ((const ExpertsDesc *)layers[l].gate_up.weight)->experts;
+            E = experts > E ? experts : E;
+        }
+    }
     const int64_t token_stride = KVH * D, block_stride = block_size * token_stride;
     int64_t widest = hidden > I ? hidden : I;
     widest = widest > H * D ? widest : H * D;
     const int64_t slice = widest > width ? widest : width;
     float *qkv = malloc(sizeof(float) * B * width), *attn = malloc(sizeof(float) * B * H * D);
     float *act = malloc(sizeof(float) * B * I), *out = malloc(sizeof(float) * B * hidden);
+    float *logits = malloc(sizeof(float) * B * (E ? E : 1));
     const int64_t max_parts = omp_get_max_threads();
     float *part_out = malloc(sizeof(float) * B * max_parts * H * D), *part_stats = malloc(sizeof(float) * B * max_parts * H * 2);
 #pragma omp parallel
@@ -497,9 +554,13 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             add_output(&layer->o, layer->attn_out_norm, attn, B, x, hidden, out, eps, &s);
 #pragma omp barrier
             rms_norm_rows(x, layer->post_norm, s.xn, B, hidden, eps);
-            gate_up_act(&layer->gate_up, layer->act, s.xn, B, act, &s);
+            if (layer->gate_up.kind == EXPERTS) {
+                experts_mlp(layer, s.xn, x, logits, act, &s);
+            } else {
+                gate_up_act(&layer->gate_up, layer->act, s.xn, B, act, &s);
 #pragma omp barrier
-            add_output(&layer->down, layer->mlp_out_norm, act, B, x, hidden, out, eps, &s);
+                add_output(&layer->down, layer->mlp_out_norm, act, B, x, hidden, out, eps, &s);
+            }
 #pragma omp barrier
         }
         if (final_norm) { /* the body's last norm, where the step takes it: x leaves as the LM head reads it */
@@ -508,5 +569,5 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
         }
         scratch_free(&s);
     }
-    free(qkv), free(attn), free(act), free(out), free(part_out), free(part_stats);
+    free(qkv), free(attn), free(act), free(out), free(logits), free(part_out), free(part_stats);
 }

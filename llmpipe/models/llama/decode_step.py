@@ -43,7 +43,7 @@ MAX_BATCH = KERNEL_MAX_BATCH
 # batch, as a GEMM reads it), the step takes decode batches up to this.
 PANEL_MAX_BATCH = 256
 # The descriptors' layout (csrc/abi.h, which decode_step.c checks its structs against).
-F32, INT4, INT8, Q5_0, GGML = (ABI[f"KIND_{kind}"] for kind in ("F32", "INT4", "INT8", "Q5_0", "GGML"))
+F32, INT4, INT8, Q5_0, GGML, EXPERTS = (ABI[f"KIND_{kind}"] for kind in ("F32", "INT4", "INT8", "Q5_0", "GGML", "EXPERTS"))
 LINEAR_SLOTS = ABI["LINEAR_WORDS"]  # LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
 ACTS = {"silu": ABI["ACT_SILU"], "swish": ABI["ACT_SILU"], "gelu_pytorch_tanh": ABI["ACT_GELU_TANH"],
         "gelu_new": ABI["ACT_GELU_TANH"]}
@@ -93,6 +93,22 @@ def norm_multiplier(norm: nn.Module | None, eps: float) -> torch.Tensor | None:
     return weight if weight.is_contiguous() else None
 
 
+def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
+    """A mixture of experts' MLP (layers/moe.py: `gate`, `experts`) as the LinearDesc words its gate_up and down
+    slots both hold, and the ExpertsDesc they point at; None where the kernel does not run it."""
+    router, experts = mlp.gate, mlp.experts
+    weight, (count, hidden) = router.weight, router.weight.shape
+    if weight.dtype != torch.float32 or not weight.is_contiguous() or hidden % 16 or router.top_k > ABI["MAX_TOP_K"]:
+        return None
+    linears = [linear_slots(e.gate_up_proj) for e in experts] + [linear_slots(e.down_proj) for e in experts]
+    if any(slots is None for slots in linears) or len({slots[1] for slots in linears}) != 1:
+        return None
+    desc = torch.tensor([count, router.top_k, int(router.renormalize), F32, 0, weight.data_ptr(), 0, 0, 0,
+                         count, hidden, hidden, 0, *sum(linears, [])], dtype=torch.int64)
+    inner = experts[0].down_proj.in_features
+    return [EXPERTS, linears[0][1], desc.data_ptr(), 0, 0, 0, 2 * router.top_k * inner, hidden, 0, 0], desc
+
+
 def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[torch.Tensor]] | None:
     """A layer's LayerDesc words but its cache (table set 0) and the tensors they point into, or None
     where the kernel does not run it."""
@@ -103,14 +119,23 @@ def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[tor
     if any(m is None for m in multipliers[:required]) or any(
             m is None for n, m in zip(norms[required:], multipliers[required:]) if n is not None):
         return None
-    linears = [linear_slots(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    extra = [m for m in multipliers if m is not None]
+    if hasattr(mlp, "experts"):  # a mixture of experts: no norm on its output
+        experts = experts_slots(mlp) if norms[3] is None else None
+        if experts is None:
+            return None
+        mlp_slots = [experts[0], experts[0]]
+        extra.append(experts[1])
+    else:
+        mlp_slots = [linear_slots(mlp.gate_up_proj), linear_slots(mlp.down_proj)]
+    linears = [linear_slots(attn.qkv_proj), linear_slots(attn.o_proj), *mlp_slots]
     if any(slots is None for slots in linears):
         return None
     input_norm, mlp_norm, attn_out, mlp_out, q_norm, k_norm = (_ptr(m) for m in multipliers)
     rope = layer.decode_step_rope()
     words = [input_norm, mlp_norm, *sum(linears, []), q_norm, k_norm, attn_out, mlp_out, ACTS[cfg.hidden_act], rope,
              attn.window or 0, 0]
-    return words, [m for m in multipliers if m is not None]
+    return words, extra
 
 
 class LlamaDecodeStep:
@@ -125,6 +150,8 @@ class LlamaDecodeStep:
         linears = [slots[2 + LINEAR_SLOTS * i:2 + LINEAR_SLOTS * (i + 1)] for slots in layer_slots for i in range(4)]
         has_float, all_dot = any(w[0] == F32 for w in linears), all(w[1] for w in linears)  # kind, bits
         self.max_batch = MAX_ROWS if has_float else PANEL_MAX_BATCH if all_dot else MAX_BATCH
+        if any(w[0] == EXPERTS for w in linears):  # a mixture of experts' MLP runs one row's experts
+            self.max_batch = 1
         if float_copies:  # from FLOAT_BATCH_MIN_ROWS rows the layers' float copies are faster
             self.max_batch = min(self.max_batch, FLOAT_BATCH_MIN_ROWS - 1)
         self.eps, self.scale = cfg.rms_norm_eps, scale

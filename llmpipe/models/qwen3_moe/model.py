@@ -25,8 +25,6 @@ class Qwen3MoeSparseBlock(nn.Module):
 
 
 class Qwen3MoeModel(LlamaModel):
-    fuses_decode = False  # the whole-stack decode kernel computes dense MLPs only
-
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return LlamaDecoderLayer(cfg, Qwen3MoeSparseBlock(cfg) if cfg.extra.sparse_layers[layer] else None)
 
