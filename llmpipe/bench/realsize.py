@@ -228,13 +228,22 @@ def run_llama_cpp(gguf: Path, threads: int, skip: list[str]) -> dict[str, Any]:
 
 def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) -> dict[str, Any]:
     kv = args.kv_cache_memory or ("256MiB" if model == "llama-3.2-1b" else "1GiB")
-    row: dict[str, Any] = {"model": model, "type": qtype, "file": str(gguf), "file_bytes": gguf.stat().st_size,
+    file_bytes = gguf.stat().st_size
+    row: dict[str, Any] = {"model": model, "type": qtype, "file": str(gguf), "file_bytes": file_bytes,
+                           "bytes_per_token": round(file_bytes * active_share(model)),
                            "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
     row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip)
     row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip)
     add_ratios(row, bandwidth)
     return row
+
+
+def active_share(model: str) -> float:
+    """The share of a model's weights one decoded token reads: a mixture of experts' k of E experts (by
+    parameters: the file's types are about as wide for every tensor), all of a dense model's."""
+    shape = SHAPES.get(model)
+    return 1.0 if shape is None else shape.active_parameters() / shape.parameters()
 
 
 def read_through(path: Path, chunk: int = 1 << 24) -> None:
@@ -257,13 +266,14 @@ METRICS = ("load_s", "peak_rss", "tg", "pp", "batched")
 
 def add_ratios(row: dict[str, Any], bandwidth: float) -> None:
     """llmpipe / llama.cpp for every figure both have, and each decode's share of the roofline
-    (the file's bytes streamed once per token at the bandwidth measured in this run)."""
+    (the bytes a token reads — the file's, a mixture of experts' active share of it — streamed once per
+    token at the bandwidth measured in this run)."""
     ours, theirs = row["llmpipe"], row["llama.cpp"]
     row["ratios"] = {key: a / b for key in METRICS
                      if (a := metric(ours, key)) is not None and (b := metric(theirs, key))}
     for result in (ours, theirs):
         if metric(result, "tg"):
-            result["tg_of_roofline"] = row["file_bytes"] * result["tg"] / bandwidth
+            result["tg_of_roofline"] = row.get("bytes_per_token", row["file_bytes"]) * result["tg"] / bandwidth
 
 
 # ---- report ---------------------------------------------------------------------------------

@@ -114,6 +114,17 @@ def test_a_child_process_peak_rss_is_its_own():
     assert done.max_rss > 200 << 20
 
 
+def test_a_mixture_of_experts_roofline_counts_the_bytes_a_token_reads():
+    """Qwen3-30B-A3B's layers: a token reads its 8 of 128 experts, 16% of the parameters, and decode's share
+    of the roofline counts those bytes, not the whole file's."""
+    share = realsize.active_share("qwen3-30b-a3b-12l")
+    assert share == pytest.approx(1.305 / 8.100, rel=1e-3) and realsize.active_share("llama-3.1-8b") == 1.0
+    row = {"model": "qwen3-30b-a3b-12l", "file_bytes": 5e9, "bytes_per_token": 5e9 * share,
+           "llmpipe": {"tg": 20.0}, "llama.cpp": {"tg": 10.0}}
+    realsize.add_ratios(row, bandwidth=20e9)
+    assert row["llmpipe"]["tg_of_roofline"] == pytest.approx(5 * share)
+
+
 def test_the_table_puts_the_engines_side_by_side_with_ratios_and_roofline(tmp_path):
     row = {"model": "llama-3.2-1b", "type": "Q8_0", "file_bytes": 1_000_000_000,
            "llmpipe": {"load_s": 2.0, "peak_rss": 2 << 30, "tg": 10.0, "pp": 100.0,
