@@ -60,3 +60,4 @@ def test_the_fused_decode_step_runs_quantized_experts_as_layer_by_layer(tiny_ggu
     llm = LLM(str(tiny_gguf("qwen3_moe", EXPERT_QTYPES)), progress=False)
     assert llm.engine.model.model.decode_step() is not None
     assert_matches_layered(llm, atol=0.05, prompts=PROMPTS[:1], near_tie=0.2)
+    assert_matches_layered(llm, atol=0.05, prompts=PROMPTS, near_tie=0.2)  # a batch: experts shared by rows

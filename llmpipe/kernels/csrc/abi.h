@@ -20,7 +20,7 @@
 #define KIND_GGML 4
 /* A mixture of experts' MLP, in a LayerDesc's gate_up and down: `weight` points at an ExpertsDesc (E, top_k,
  * renormalize, the router's F32 LinearDesc, then each expert's gate_up LinearDesc and each one's down);
- * N is 2 × top_k × an expert's width, K the hidden size. Batch-1 steps only. */
+ * N is 2 × top_k × an expert's width, K the hidden size. */
 #define KIND_EXPERTS 5
 #define EXPERTS_HEADER_WORDS (3 + LINEAR_WORDS)
 #define MAX_TOP_K 32

@@ -402,6 +402,19 @@ static inline __m256 act_times(int64_t kind, __m256 g, __m256 u) {
     return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(z)), u);
 }
 
+/* out[n] = f(g[n]) * u[n] for n < width (f: SiLU or GELU-tanh). */
+static void act_rows(int64_t kind, const float *g, const float *u, float *out, int64_t width) {
+    int64_t n = 0;
+    for (; n + 8 <= width; n += 8)
+        _mm256_storeu_ps(out + n, act_times(kind, _mm256_loadu_ps(g + n), _mm256_loadu_ps(u + n)));
+    if (n < width) { /* the last few through a zero-padded lane set */
+        float gl[8] = {0}, ul[8] = {0}, ol[8];
+        memcpy(gl, g + n, sizeof(float) * (width - n)), memcpy(ul, u + n, sizeof(float) * (width - n));
+        _mm256_storeu_ps(ol, act_times(kind, _mm256_loadu_ps(gl), _mm256_loadu_ps(ul)));
+        memcpy(out + n, ol, sizeof(float) * (width - n));
+    }
+}
+
 /* act[m, n] = f(gate[m, n]) * up[m, n] (f: SiLU or GELU-tanh), gate and up the two halves of gate_up's
  * rows: each thread computes the same slice of both, so the product needs no barrier. */
 static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64_t B, float *act, Scratch *s) {
@@ -414,19 +427,7 @@ static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64
     float *gate = s->y;
     s->y = s->y2, s->y2 = gate; /* the up slice goes to the other buffer */
     linear_slice(w, x, B, I + n0, I + n1, s);
-    for (int64_t m = 0; m < B; m++) {
-        const float *g = gate + m * width, *u = s->y + m * width;
-        float *out = act + m * I + n0;
-        int64_t n = 0;
-        for (; n + 8 <= width; n += 8)
-            _mm256_storeu_ps(out + n, act_times(kind, _mm256_loadu_ps(g + n), _mm256_loadu_ps(u + n)));
-        if (n < width) { /* the last few through a zero-padded lane set */
-            float gl[8] = {0}, ul[8] = {0}, ol[8];
-            memcpy(gl, g + n, sizeof(float) * (width - n)), memcpy(ul, u + n, sizeof(float) * (width - n));
-            _mm256_storeu_ps(ol, act_times(kind, _mm256_loadu_ps(gl), _mm256_loadu_ps(ul)));
-            memcpy(out + n, ol, sizeof(float) * (width - n));
-        }
-    }
+    for (int64_t m = 0; m < B; m++) act_rows(kind, gate + m * width, s->y + m * width, act + m * I + n0, width);
 }
 
 /* A token's experts: the top_k of softmax(logits), their weights the probabilities (renormalized over the
@@ -448,26 +449,70 @@ static void route(const float *logits, int64_t E, int64_t k, int64_t renormalize
         for (int64_t j = 0; j < k; j++) weights[j] /= chosen;
 }
 
-/* A mixture of experts' MLP on one normed row xn: its router's logits (every thread a slice, then a
- * barrier), its k experts' gate_up and activation into act [k, I] (each thread the same rows of every
- * expert: no barrier between them), a barrier, then each expert's down, weighted, added into x. */
-static void experts_mlp(const LayerDesc *layer, const float *xn, float *x, float *logits, float *act, Scratch *s) {
+/* A linear over `rows` rows with the AMX tiles only where the scratch has them and the rows are enough
+ * (an expert's share of a batch may be a row or two). */
+static void expert_slice(const LinearDesc *w, const float *x, int64_t rows, int64_t n0, int64_t n1, Scratch *s) {
+    int8_t *amx = s->amx_b;
+    if (rows < AMX_MIN_ROWS) s->amx_b = NULL;
+    linear_slice(w, x, rows, n0, n1, s);
+    s->amx_b = amx;
+}
+
+/* A mixture of experts' MLP on the B normed rows xn [B, hidden]: the router's logits (every thread a slice,
+ * then a barrier); each row's top-k routes, grouped by expert (every thread the same, so none waits for
+ * another); each expert that got rows runs once on them all: its gate_up and activation into act (the
+ * pairs in expert order, [B k, I]; each thread the same output rows of every expert, so no barrier between
+ * them), a barrier, then its down, each row's output weighted and added into that row of x. `gathered`:
+ * this thread's [B, hidden] buffer for an expert's rows. */
+static void experts_mlp(const LayerDesc *layer, const float *xn, int64_t B, int64_t hidden, float *x, float *logits,
+                        float *act, float *gathered, Scratch *s) {
     const ExpertsDesc *d = layer->gate_up.weight;
-    const int64_t E = d->experts, k = d->top_k, I = d->expert[0].N / 2;
-    linear_into(&d->router, xn, 1, logits, E, 0, s);
+    const int64_t E = d->experts, k = d->top_k, I = d->expert[0].N / 2, pairs = B * k;
+    linear_into(&d->router, xn, B, logits, E, 0, s);
 #pragma omp barrier
-    int64_t ids[MAX_TOP_K];
-    float weights[MAX_TOP_K];
-    route(logits, E, k, d->renormalize, ids, weights);
-    for (int64_t j = 0; j < k; j++) gate_up_act(&d->expert[ids[j]], layer->act, xn, 1, act + j * I, s);
-#pragma omp barrier
-    for (int64_t j = 0; j < k; j++) {
-        const LinearDesc *down = &d->expert[E + ids[j]];
+    int64_t *ids = malloc(sizeof(int64_t) * pairs), *order = malloc(sizeof(int64_t) * pairs);
+    int64_t *first = calloc(E + 1, sizeof(int64_t));
+    float *weights = malloc(sizeof(float) * pairs);
+    for (int64_t b = 0; b < B; b++) route(logits + b * E, E, k, d->renormalize, ids + b * k, weights + b * k);
+    for (int64_t p = 0; p < pairs; p++) first[ids[p] + 1]++;
+    for (int64_t e = 0; e < E; e++) first[e + 1] += first[e];
+    int64_t *next = memcpy(malloc(sizeof(int64_t) * E), first, sizeof(int64_t) * E);
+    for (int64_t p = 0; p < pairs; p++) order[next[ids[p]]++] = p; /* pairs by expert, each expert's in row order */
+    free(next);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t rows = first[e + 1] - first[e];
+        if (!rows) continue;
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(gathered + r * hidden, xn + order[first[e] + r] / k * hidden, sizeof(float) * hidden);
+        const LinearDesc *gate_up = &d->expert[e];
         int64_t n0, n1;
-        row_range(down->N, 1, &n0, &n1);
-        linear_slice(down, act + j * I, 1, n0, n1, s);
-        for (int64_t n = n0; n < n1; n++) x[n] += weights[j] * s->y[n - n0];
+        row_range(I, rows, &n0, &n1);
+        if (n0 < n1) {
+            const int64_t width = n1 - n0;
+            expert_slice(gate_up, gathered, rows, n0, n1, s);
+            float *gate = s->y;
+            s->y = s->y2, s->y2 = gate;
+            expert_slice(gate_up, gathered, rows, I + n0, I + n1, s);
+            for (int64_t r = 0; r < rows; r++)
+                act_rows(layer->act, gate + r * width, s->y + r * width, act + (first[e] + r) * I + n0, width);
+        }
     }
+#pragma omp barrier
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t rows = first[e + 1] - first[e];
+        if (!rows) continue;
+        const LinearDesc *down = &d->expert[E + e];
+        int64_t n0, n1;
+        row_range(down->N, rows, &n0, &n1);
+        if (n0 >= n1) continue;
+        expert_slice(down, act + first[e] * I, rows, n0, n1, s);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t p = order[first[e] + r];
+            float *row = x + p / k * hidden;
+            for (int64_t n = n0; n < n1; n++) row[n] += weights[p] * s->y[r * (n1 - n0) + n - n0];
+        }
+    }
+    free(ids), free(order), free(first), free(weights);
 }
 
 /* One KV head's new K (or V) into the cache at element `at` (its scale at `at / D`). */
@@ -536,6 +581,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
 #pragma omp parallel
     {
         Scratch s = scratch_new(B, widest, slice);
+        float *gathered = E ? malloc(sizeof(float) * B * hidden) : NULL; /* an expert's rows of the batch */
         for (int64_t l = 0; l < num_layers; l++) {
             const LayerDesc *layer = layers + l;
             const int64_t cache_half = num_blocks * block_stride; /* V's elements after K's (scales: / D) */
@@ -555,7 +601,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
 #pragma omp barrier
             rms_norm_rows(x, layer->post_norm, s.xn, B, hidden, eps);
             if (layer->gate_up.kind == EXPERTS) {
-                experts_mlp(layer, s.xn, x, logits, act, &s);
+                experts_mlp(layer, s.xn, B, hidden, x, logits, act, gathered, &s);
             } else {
                 gate_up_act(&layer->gate_up, layer->act, s.xn, B, act, &s);
 #pragma omp barrier
@@ -568,6 +614,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             for (int64_t m = 0; m < B; m++) rms_norm_rows(x + m * hidden, final_norm, x + m * hidden, 1, hidden, eps);
         }
         scratch_free(&s);
+        free(gathered);
     }
     free(qkv), free(attn), free(act), free(out), free(logits), free(part_out), free(part_stats);
 }

@@ -150,8 +150,6 @@ class LlamaDecodeStep:
         linears = [slots[2 + LINEAR_SLOTS * i:2 + LINEAR_SLOTS * (i + 1)] for slots in layer_slots for i in range(4)]
         has_float, all_dot = any(w[0] == F32 for w in linears), all(w[1] for w in linears)  # kind, bits
         self.max_batch = MAX_ROWS if has_float else PANEL_MAX_BATCH if all_dot else MAX_BATCH
-        if any(w[0] == EXPERTS for w in linears):  # a mixture of experts' MLP runs one row's experts
-            self.max_batch = 1
         if float_copies:  # from FLOAT_BATCH_MIN_ROWS rows the layers' float copies are faster
             self.max_batch = min(self.max_batch, FLOAT_BATCH_MIN_ROWS - 1)
         self.eps, self.scale = cfg.rms_norm_eps, scale
