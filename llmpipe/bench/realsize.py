@@ -412,7 +412,7 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--prepare-only", action="store_true", help="make the GGUFs, measure nothing")
     parser.add_argument("--keep-bf16", action="store_true", help="keep each model's bfloat16 GGUF (for more types later)")
     parser.add_argument("--delete-after", action="store_true",
-                        help="delete each model's GGUFs once measured (all four models at four types hold ~60 GB)")
+                        help="delete each model's GGUFs once measured (all the models at four types hold ~80 GB)")
     parser.add_argument("--jobs", type=int, default=None, help="parallel compile jobs for llama.cpp (default: all cores)")
     parser.add_argument("--json", default="bench_results/realsize.json")
     parser.add_argument("--plot", metavar="FILE.png", default=None, help="also draw the ratios")
