@@ -3,9 +3,12 @@ transformers checkpoints of every family llmpipe serves, and their tokenizer."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import torch
+
+from llmpipe import SamplingParams
 
 # Small but complete configurations of every Llama-family architecture llmpipe serves.
 TINY_COMMON = dict(
@@ -172,3 +175,53 @@ def reference_state_dict(model) -> dict[str, torch.Tensor]:
         else:
             state[name] = tensor
     return state
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [1] + [rng.randrange(5, 320) for _ in range(length - 1)]
+
+
+def reference_greedy(reference, tokens: list[int], steps: int = 32, one_by_one: bool = False) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy continuation on its own cache, EOS allowed as llmpipe's ignore_eos allows it
+    (`generate`'s min_new_tokens would mask it), and its logits [steps, vocab]. one_by_one: the prompt too is
+    fed one token per forward, so each token is rotated with the LongRoPE factors in force at its position
+    (no `generate`, hence no re-encoding at the switch)."""
+    import transformers
+
+    cache, generated, logits = transformers.DynamicCache(config=reference.config), [], []
+    feed = [[t] for t in tokens] if one_by_one else [tokens]
+    with torch.no_grad():
+        while len(generated) < steps:
+            out = reference(torch.tensor([feed.pop(0) if feed else generated[-1:]]), cache=cache, use_cache=True)
+            if not feed:
+                logits.append(out.logits[0, -1])
+                generated.append(int(logits[-1].argmax()))
+    return generated, torch.stack(logits)
+
+
+def assert_greedy_run_matches(llm, tokens: list[int], expected: tuple[list[int], torch.Tensor]) -> None:
+    """32 greedy tokens identical to the reference's, and every step's distribution within 1e-4."""
+    vocab = llm.engine.config.model_config.vocab_size
+    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=vocab)
+    out = llm.generate([{"prompt_token_ids": tokens}], params)[0].outputs[0]
+    assert out.token_ids == expected[0]
+    ours = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
+    torch.testing.assert_close(ours, expected[1].log_softmax(-1), atol=1e-4, rtol=0)
+
+
+def reference_case(path: Path):
+    """(path, transformers' float32 model, llmpipe's LLM) of one checkpoint: a parity test's three."""
+    import transformers
+
+    from llmpipe import LLM
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return path, reference, LLM(str(path), progress=False)
+
+
+def assert_prefill_matches(llm, reference, tokens: list[int]) -> None:
+    """Every position's logits within 1e-4 of transformers'."""
+    with torch.no_grad():
+        theirs = reference(torch.tensor([tokens])).logits[0]
+    torch.testing.assert_close(llm.engine.score(tokens), theirs, atol=1e-4, rtol=0)

@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 
 import pytest
 import torch
 import transformers
 
-from llmpipe import LLM, SamplingParams
+from llmpipe import LLM
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.models.phi3 import PHI3
 from llmpipe.models.registry import family_of
-from tests.utils import build_checkpoint
+from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
+from tests.models.parity_suite import PROMPT
+from tests.utils import (assert_greedy_run_matches, build_checkpoint, prompt, reference_case,
+                         reference_greedy)
 
 ORIGINAL = 64  # original_max_position_embeddings of the LongRoPE checkpoints
 
@@ -40,31 +42,8 @@ VARIANTS = {
     # transformers 5 masks Phi-3 attention to config.sliding_window (here shorter than the prompts); so does llmpipe
     "window": dict(num_attention_heads=4, num_key_value_heads=4, sliding_window=12),
 }
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
 
 
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [1] + [rng.randrange(5, 320) for _ in range(length - 1)]
-
-
-PROMPT = prompt(24, 0)  # + 32 generated: 56 positions, short of ORIGINAL
-
-
-def reference_greedy(reference, tokens: list[int], steps: int, one_by_one: bool = False) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation on its own cache, EOS allowed as llmpipe's ignore_eos allows it
-    (`generate`'s min_new_tokens would mask it), and its logits [steps, vocab]. one_by_one: the prompt too is
-    fed one token per forward, so each token is rotated with the LongRoPE factors in force at its position
-    (no `generate`, hence no re-encoding at the switch)."""
-    cache, generated, logits = transformers.DynamicCache(config=reference.config), [], []
-    feed = [[t] for t in tokens] if one_by_one else [tokens]
-    with torch.no_grad():
-        while len(generated) < steps:
-            out = reference(torch.tensor([feed.pop(0) if feed else generated[-1:]]), cache=cache, use_cache=True)
-            if not feed:
-                logits.append(out.logits[0, -1])
-                generated.append(int(logits[-1].argmax()))
-    return generated, torch.stack(logits)
 
 
 @pytest.fixture(scope="module")
@@ -82,50 +61,7 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def case(request, checkpoints):
-    path = checkpoints(request.param)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return path, reference, LLM(str(path), progress=False)
-
-
-def test_prefill_logits_match_transformers(case):
-    _, reference, llm = case
-    with torch.no_grad():
-        theirs = reference(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(llm.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
-
-
-def assert_greedy_run_matches(llm, tokens: list[int], expected: tuple[list[int], torch.Tensor]) -> None:
-    """32 greedy tokens identical to the reference's, and every step's distribution within 1e-4."""
-    vocab = llm.engine.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=vocab)
-    out = llm.generate([{"prompt_token_ids": tokens}], params)[0].outputs[0]
-    assert out.token_ids == expected[0]
-    ours = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
-    torch.testing.assert_close(ours, expected[1].log_softmax(-1), atol=1e-4, rtol=0)
-
-
-def test_decode_logits_and_32_greedy_tokens_match_transformers(case):
-    _, reference, llm = case
-    assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT, 32))
-
-
-@pytest.mark.parametrize("chunk", [5, 16])
-def test_chunked_prefill_matches_transformers(case, chunk):
-    path, reference, _ = case
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=chunk)
-    out = llm.generate([{"prompt_token_ids": PROMPT}], GREEDY)[0].outputs[0]
-    assert out.token_ids == reference_greedy(reference, PROMPT, 32)[0]
-
-
-def test_batched_prompts_of_different_lengths_match_transformers(case):
-    path, reference, _ = case
-    batch = [prompt(length, seed) for seed, length in enumerate([24, 9, 30, 17, 3])]
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=40)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
-    for tokens, out in zip(batch, outputs):
-        assert out.outputs[0].token_ids == reference_greedy(reference, tokens, 32)[0]
-    stats = llm.engine.stats()
-    assert stats.num_free_blocks == stats.num_blocks
+    return reference_case(checkpoints(request.param))
 
 
 @pytest.mark.parametrize("chunk", [2048, 24])

@@ -4,42 +4,25 @@ the expert dispatch against a plain per-token loop. (Its GGUF: tests/loader/test
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
-from llmpipe import LLM, SamplingParams
+from llmpipe import LLM
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.layers.moe import dispatch
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.models.qwen3_moe import QWEN3_MOE
 from llmpipe.models.registry import family_of
-from tests.utils import TINY_CONFIGS, build_checkpoint
-
-GREEDY = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [1] + [rng.randrange(5, 320) for _ in range(length - 1)]
+from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
+from tests.models.parity_suite import GREEDY, PROMPT
+from tests.models.test_families import saved_shapes
+from tests.utils import (TINY_CONFIGS, build_checkpoint, prompt,
+                         reference_case, reference_greedy)
 
 
-PROMPT = prompt(24, 0)
 
-
-def reference_greedy(reference, tokens: list[int], steps: int = 32) -> tuple[list[int], torch.Tensor]:
-    """transformers' greedy continuation on its own cache (EOS allowed, as ignore_eos) and its logits [steps, vocab]."""
-    cache, generated, logits = transformers.DynamicCache(config=reference.config), [], []
-    feed = [tokens]
-    with torch.no_grad():
-        while len(generated) < steps:
-            out = reference(torch.tensor([feed.pop() if feed else generated[-1:]]), cache=cache, use_cache=True)
-            logits.append(out.logits[0, -1])
-            generated.append(int(logits[-1].argmax()))
-    return generated, torch.stack(logits)
 
 
 @pytest.fixture(scope="module")
@@ -64,48 +47,7 @@ VARIANTS = {
 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def case(request, checkpoints):
-    path = checkpoints(request.param)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return path, reference, LLM(str(path), progress=False)
-
-
-def test_prefill_logits_match_transformers(case):
-    _, reference, llm = case
-    with torch.no_grad():
-        theirs = reference(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(llm.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
-
-
-def assert_greedy_run_matches(llm, tokens: list[int], expected: tuple[list[int], torch.Tensor]) -> None:
-    """32 greedy tokens identical to the reference's, and every step's distribution within 1e-4."""
-    vocab = llm.engine.config.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=vocab)
-    out = llm.generate([{"prompt_token_ids": tokens}], params)[0].outputs[0]
-    assert out.token_ids == expected[0]
-    ours = torch.tensor([[entry[t].logprob for t in range(vocab)] for entry in out.logprobs])
-    torch.testing.assert_close(ours, expected[1].log_softmax(-1), atol=1e-4, rtol=0)
-
-
-def test_decode_logits_and_32_greedy_tokens_match_transformers(case):
-    _, reference, llm = case
-    assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT))
-
-
-@pytest.mark.parametrize("chunk", [5, 16])
-def test_chunked_prefill_matches_transformers(case, chunk):
-    path, reference, _ = case
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=chunk)
-    assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT))
-
-
-def test_batched_prompts_of_different_lengths_match_transformers(case):
-    """Prefill chunks and decode rows of several sequences in one step: experts see rows of many tokens."""
-    path, reference, _ = case
-    batch = [prompt(length, seed) for seed, length in enumerate([24, 9, 30, 17, 3])]
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=40)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
-    for tokens, out in zip(batch, outputs):
-        assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
+    return reference_case(checkpoints(request.param))
 
 
 def test_prefix_cache_hits_and_preemption_give_the_reference_tokens(case):
@@ -131,13 +73,9 @@ def test_config_reads_the_experts_and_the_dense_layers(checkpoints):
 
 
 def test_weight_shapes_are_the_per_expert_tensors_transformers_saves(checkpoints):
-    from safetensors import safe_open
-
     directory = checkpoints("renormalized")
-    with safe_open(directory / "model.safetensors", framework="pt") as f:
-        saved = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
     config = hf_model_config(directory)
-    assert QWEN3_MOE.weight_shapes(config) == saved
+    assert QWEN3_MOE.weight_shapes(config) == saved_shapes(directory)
     linear = QWEN3_MOE.linear_weights(config)
     assert "model.layers.0.mlp.experts.7.gate_proj.weight" in linear and "model.layers.1.mlp.down_proj.weight" in linear
     assert "model.layers.0.mlp.gate.weight" not in linear  # the router stays float
