@@ -44,6 +44,9 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12)),
     "qwen2": ("Qwen2Config", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # 8 experts, 2 a token, raw weights, a sigmoid-gated shared expert, qkv bias
+    "qwen2_moe": ("Qwen2MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=64, shared_expert_intermediate_size=96)),
     # 8 experts, 3 a token, renormalized, in every layer (as the released models and llama.cpp's qwen3moe)
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                          num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,

@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType
 
 # The GGUF architecture llama.cpp gives each tiny Hugging Face config (Mistral GGUFs say "llama").
 GGUF_ARCH_OF = {"llama_gqa": "llama", "llama_mha": "llama", "llama_mqa": "llama", "mistral": "llama",
-                "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
+                "qwen2": "qwen2", "qwen3": "qwen3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
 GGUF_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
-             "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+             "qwen2moe": gguf.MODEL_ARCH.QWEN2MOE, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
 TensorSpec = np.ndarray | tuple[np.ndarray, GGMLQuantizationType]
 # A Llama whose every linear layer's rows are whole 256-weight super-blocks (K-quants, IQ4_XS).
 WIDE_LLAMA = dict(vocab_size=320, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
@@ -88,7 +88,9 @@ def hf_metadata(config: Any, arch: str) -> dict[str, Any]:
         f"{arch}.expert_count": config.num_experts,
         f"{arch}.expert_used_count": config.num_experts_per_tok,
         f"{arch}.expert_feed_forward_length": config.moe_intermediate_size,
-    } if hasattr(config, "moe_intermediate_size") else {})
+    } if hasattr(config, "moe_intermediate_size") else {}) | ({
+        f"{arch}.expert_shared_feed_forward_length": config.shared_expert_intermediate_size,
+    } if getattr(config, "shared_expert_intermediate_size", None) else {})
 
 
 def split_experts(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,11 +1,12 @@
-"""A qwen3moe GGUF (each layer's experts as 3-D tensors, as llama.cpp's converter writes them): float, it is
-transformers' model; quantized, each expert is its own slice of the file's blocks, read in place, and computes
+"""A qwen3moe / qwen2moe GGUF (each layer's experts as 3-D tensors, as llama.cpp's converter writes them): float,
+it is transformers' model; quantized, each expert is its own slice of the file's blocks, read in place, and computes
 the dequantized model."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
@@ -22,10 +23,12 @@ EXPERT_QTYPES = {  # quantized 3-D experts (and a quantized attention), the rest
 }
 
 
-def test_a_float_gguf_matches_transformers(tiny_gguf, transformers_model):
-    llm = LLM(str(tiny_gguf("qwen3_moe")), progress=False)
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe"])
+def test_a_float_gguf_matches_transformers(tiny_gguf, transformers_model, name):
+    """qwen3moe, and qwen2moe with its gated shared expert (ffn_*_shexp) and raw top-k weights."""
+    llm = LLM(str(tiny_gguf(name)), progress=False)
     with torch.no_grad():
-        theirs = transformers_model("qwen3_moe")(torch.tensor([PROMPT])).logits[0]
+        theirs = transformers_model(name)(torch.tensor([PROMPT])).logits[0]
     torch.testing.assert_close(llm.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
 
 

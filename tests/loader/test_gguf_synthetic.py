@@ -38,7 +38,7 @@ def test_gguf_config_matches_the_transformers_config(name, tiny_gguf, transforme
     assert config.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     assert config.num_hidden_layers == hf.num_hidden_layers
     assert config.tie_word_embeddings == hf.tie_word_embeddings
-    assert config.attention_bias == (name == "qwen2")
+    assert config.attention_bias == (name in ("qwen2", "qwen2_moe"))
     assert config.qk_norm == (name in ("qwen3", "qwen3_moe"))
     assert config.rope_theta == hf.rope_parameters["rope_theta"] and config.rope_scaling is None
     assert config.eos_token_ids == (2,) and config.bos_token_id == 1

@@ -56,7 +56,7 @@ def test_config_matches_the_transformers_config(name, tiny_checkpoint, transform
     if gemma:  # local layers: their own RoPE base, the window; global ones: full attention
         assert config.rope_local_theta == hf.rope_parameters["sliding_attention"]["rope_theta"]
         assert config.layer_types == tuple(hf.layer_types)
-    assert config.attention_bias == (hf.model_type == "qwen2")
+    assert config.attention_bias == (hf.model_type in ("qwen2", "qwen2_moe"))
     assert config.qk_norm == (hf.model_type in ("qwen3", "qwen3_moe", "gemma3_text"))
     assert config.sliding_window == (hf.sliding_window if hf.model_type in ("mistral", "gemma3_text") else None)
     assert config.eos_token_ids == (2,)

@@ -11,6 +11,7 @@ from llmpipe.models.llama import LLAMA_FAMILY
 from tests.utils import TINY_CONFIGS
 
 LLAMA_CONFIGS = sorted(name for name, (cls, _) in TINY_CONFIGS.items() if cls[: -len("Config")].lower() in LLAMA_FAMILY)
+MOE_CONFIGS = ["qwen2_moe", "qwen3_moe"]
 
 
 def write_and_read(config, tmp_path):
@@ -18,7 +19,7 @@ def write_and_read(config, tmp_path):
     return hf_model_config(tmp_path)
 
 
-@pytest.mark.parametrize("name", LLAMA_CONFIGS)
+@pytest.mark.parametrize("name", LLAMA_CONFIGS + MOE_CONFIGS)
 def test_config_json_round_trips(tiny_checkpoint, tmp_path, name):
     config = hf_model_config(tiny_checkpoint(name))
     assert write_and_read(config, tmp_path) == config

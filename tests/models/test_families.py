@@ -25,7 +25,7 @@ def saved_shapes(directory) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize(("architecture", "family"), [
     ("llama", LLAMA), ("mistral", LLAMA), ("qwen2", LLAMA), ("qwen3", LLAMA),
     ("gemma3_text", GEMMA3), ("gemma3", GEMMA3), ("deepseek_v4", DEEPSEEK_V4),
-    ("qwen3_moe", QWEN3_MOE), ("qwen3moe", QWEN3_MOE),
+    ("qwen3_moe", QWEN3_MOE), ("qwen3moe", QWEN3_MOE), ("qwen2_moe", QWEN3_MOE), ("qwen2moe", QWEN3_MOE),
 ])
 def test_each_architecture_belongs_to_one_family(architecture, family):
     assert family_of(architecture) is family
@@ -35,13 +35,13 @@ def test_each_architecture_belongs_to_one_family(architecture, family):
 def test_an_unknown_architecture_is_refused_naming_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"architecture 'olmo2' is not supported \(supported: llama, "
                                                     r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3, "
-                                                    r"qwen3_moe, qwen3moe\)"):
+                                                    r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe\)"):
         family_of("olmo2")
 
 
 def test_an_unknown_gguf_architecture_is_refused_naming_the_supported_ones(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'phi3' is not supported "
-                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen3moe\)"):
+                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe\)"):
         gguf_architecture("phi3", tmp_path)
 
 

@@ -97,6 +97,8 @@ def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
     """A mixture of experts' MLP (layers/moe.py: `gate`, `experts`) as the LinearDesc words its gate_up and down
     slots both hold, and the ExpertsDesc they point at; None where the kernel does not run it."""
     router, experts = mlp.gate, mlp.experts
+    if hasattr(mlp, "shared_expert"):  # Qwen2-MoE's gated shared expert: the layered path
+        return None
     weight, (count, hidden) = router.weight, router.weight.shape
     if weight.dtype != torch.float32 or not weight.is_contiguous() or hidden % 16 or router.top_k > ABI["MAX_TOP_K"]:
         return None

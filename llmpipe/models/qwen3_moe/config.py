@@ -1,5 +1,6 @@
-"""Qwen3-MoE's own hyperparameters, from a config.json (transformers' Qwen3MoeConfig: both its saved
-`num_local_experts` and the published checkpoints' `num_experts`) or a GGUF's `qwen3moe.*` metadata."""
+"""Qwen2-MoE's and Qwen3-MoE's own hyperparameters, from a config.json (transformers' Qwen2MoeConfig /
+Qwen3MoeConfig: both the saved `num_local_experts` and the published checkpoints' `num_experts`) or a
+GGUF's `qwen2moe.*` / `qwen3moe.*` metadata."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Qwen3MoeFields:
     moe_intermediate_size: int
     norm_topk_prob: bool  # the top-k probabilities renormalized to sum to 1
     sparse_layers: tuple[bool, ...]  # per layer: experts (True) or the dense MLP of intermediate_size
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert this wide, sigmoid-gated (0: none)
 
     def __post_init__(self) -> None:
         if not 0 < self.num_experts_per_tok <= self.num_experts:
@@ -32,10 +34,12 @@ def hf_moe_fields(cfg: dict[str, Any], path: Path) -> Qwen3MoeFields:
     layers = int(cfg["num_hidden_layers"])
     sparse = tuple(i not in dense and int(experts) > 0 and (i + 1) % step == 0 for i in range(layers))
     return Qwen3MoeFields(int(experts), int(cfg.get("num_experts_per_tok", 8)), int(cfg["moe_intermediate_size"]),
-                          bool(cfg.get("norm_topk_prob", False)), sparse)
+                          bool(cfg.get("norm_topk_prob", False)), sparse, int(cfg.get("shared_expert_intermediate_size") or 0))
 
 
-def gguf_moe_fields(hp: Callable[..., Any]) -> Qwen3MoeFields:
-    """llama.cpp's qwen3moe: every layer has experts, their top-k weights renormalized (its graph's norm_w)."""
+def gguf_moe_fields(hp: Callable[..., Any], shared: bool) -> Qwen3MoeFields:
+    """llama.cpp's qwen2moe / qwen3moe: every layer has experts, their top-k weights renormalized for qwen3moe
+    only (its graphs' norm_w); qwen2moe's shared expert as wide as its metadata says."""
     return Qwen3MoeFields(int(hp("expert_count")), int(hp("expert_used_count")), int(hp("expert_feed_forward_length")),
-                          True, (True,) * int(hp("block_count")))
+                          not shared, (True,) * int(hp("block_count")),
+                          int(hp("expert_shared_feed_forward_length")) if shared else 0)
