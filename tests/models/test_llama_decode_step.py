@@ -273,3 +273,16 @@ def test_float_batch_weights_give_the_codes_results_for_big_batches(quantizable_
         assert ours_tokens == theirs_tokens
         for ours, theirs in zip(ours_dists, theirs_dists):
             torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("activations", [None, "int16"])
+@pytest.mark.parametrize("quantization", ["int4", "int8"])
+def test_quantized_experts_match_layer_by_layer(tiny_checkpoint, quantization, activations):
+    """INT4 / INT8 experts in the step, alone and batched (11 rows: experts with several, panels where the
+    activations are quantized): float activations to float32 rounding, 16-bit blocks to their noise."""
+    llm = LLM(str(tiny_checkpoint("qwen3_moe")), quantization=quantization, group_size=32,
+              activation_quantization=activations, progress=False)
+    assert llm.engine.model.model.decode_step() is not None
+    tolerance = dict(atol=2e-5) if activations is None else dict(atol=0.05, near_tie=0.2)
+    assert_matches_layered(llm, prompts=PROMPTS[:1], **tolerance)
+    assert_matches_layered(llm, prompts=(PROMPTS * 4)[:11], **tolerance)
