@@ -25,13 +25,18 @@ def expert_share(cfg: ModelConfig, batch: float = 1) -> float:
     return 1 - (1 - per_token / experts) ** batch
 
 
+def read_share(name: str, share: float) -> float:
+    """The share of weight `name` a step reads, given the share of the routed experts it reads."""
+    return share if EXPERT_WEIGHT.search(name) else 1.0
+
+
 def active_fraction(cfg: ModelConfig, batch: float = 1) -> float:
     """The share of the weights (by parameters) a decode step of `batch` tokens reads."""
     share, total, active = expert_share(cfg, batch), 0, 0.0
     for name, shape in expected_weight_shapes(cfg).items():
         numel = math.prod(shape)
         total += numel
-        active += numel * (share if EXPERT_WEIGHT.search(name) else 1.0)
+        active += numel * read_share(name, share)
     return active / total
 
 
@@ -43,7 +48,7 @@ def is_decoder_linear(name: str, shape: tuple[int, ...]) -> bool:
 def decoder_linear_params(cfg: ModelConfig) -> float:
     """The decoder's matrix parameters one token multiplies: a mixture of experts' k of E experts only."""
     share = expert_share(cfg)
-    return sum(s[0] * s[1] * (share if EXPERT_WEIGHT.search(name) else 1.0)
+    return sum(s[0] * s[1] * read_share(name, share)
                for name, s in expected_weight_shapes(cfg).items() if is_decoder_linear(name, s))
 
 

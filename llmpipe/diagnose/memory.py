@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
-from llmpipe.diagnose.costs import EXPERT_WEIGHT, expert_share
+from llmpipe.diagnose.costs import expert_share, read_share
 from llmpipe.kv_cache.paged import kv_bytes_per_token, num_blocks_for
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
@@ -88,7 +88,7 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, 
         else:
             nbytes = numel * dtype_bytes
         resident += nbytes
-        read = share if EXPERT_WEIGHT.search(name) else 1.0
+        read = read_share(name, share)
         active, active_resident = active + numel * read, active_resident + nbytes * read
     total = params or counted
     scale = total / counted

@@ -100,7 +100,8 @@ class TokenSampler:
         # logits (an indexed copy of Gemma 3's 262,144 took ~140 us a step).
         picked = logits if rows == list(range(logits.shape[0])) else logits[rows]
         try:
-            result = sample(picked, sampling_rows, self.input_batch.sampling_tensors(seqs))
+            sampled = any(not row.params.greedy for row in sampling_rows)  # an all-greedy step reads none of them
+            result = sample(picked, sampling_rows, self.input_batch.sampling_tensors(seqs) if sampled else None)
             return {i: SampledTokens([token], [lp]) for i, (token, lp) in enumerate(zip(result.token_ids, result.logprobs))}
         except DeadEndError:
             pass  # the rows at fault fail below, alone

@@ -23,7 +23,6 @@
  * N is 2 × top_k × an expert's width, K the hidden size. */
 #define KIND_EXPERTS 5
 #define EXPERTS_HEADER_WORDS (3 + LINEAR_WORDS)
-#define MAX_TOP_K 32
 
 /* A LayerDesc's act */
 #define ACT_SILU 0

@@ -100,7 +100,7 @@ def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
     if hasattr(mlp, "shared_expert"):  # Qwen2-MoE's gated shared expert: the layered path
         return None
     weight, (count, hidden) = router.weight, router.weight.shape
-    if weight.dtype != torch.float32 or not weight.is_contiguous() or hidden % 16 or router.top_k > ABI["MAX_TOP_K"]:
+    if weight.dtype != torch.float32 or not weight.is_contiguous() or hidden % 16:
         return None
     linears = [linear_slots(e.gate_up_proj) for e in experts] + [linear_slots(e.down_proj) for e in experts]
     if any(slots is None for slots in linears) or len({slots[1] for slots in linears}) != 1:

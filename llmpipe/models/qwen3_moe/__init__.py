@@ -49,7 +49,7 @@ class Qwen3MoeFamily(ModelFamily):
         return cfg, own
 
     def gguf_fields(self, hp: Callable[..., Any]) -> dict[str, Any]:
-        return {"extra": gguf_moe_fields(hp, shared=hp("expert_shared_feed_forward_length", None) is not None)}
+        return {"extra": gguf_moe_fields(hp)}
 
     def hf_config_fields(self, config: ModelConfig) -> dict[str, Any]:
         moe = config.extra

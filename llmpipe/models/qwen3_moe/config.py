@@ -37,9 +37,9 @@ def hf_moe_fields(cfg: dict[str, Any], path: Path) -> Qwen3MoeFields:
                           bool(cfg.get("norm_topk_prob", False)), sparse, int(cfg.get("shared_expert_intermediate_size") or 0))
 
 
-def gguf_moe_fields(hp: Callable[..., Any], shared: bool) -> Qwen3MoeFields:
-    """llama.cpp's qwen2moe / qwen3moe: every layer has experts, their top-k weights renormalized for qwen3moe
-    only (its graphs' norm_w); qwen2moe's shared expert as wide as its metadata says."""
+def gguf_moe_fields(hp: Callable[..., Any]) -> Qwen3MoeFields:
+    """llama.cpp's qwen2moe / qwen3moe: every layer has experts; qwen2moe's shared expert as wide as its
+    metadata says; the top-k weights renormalized for qwen3moe only (its graphs' norm_w)."""
+    shared = int(hp("expert_shared_feed_forward_length", 0))
     return Qwen3MoeFields(int(hp("expert_count")), int(hp("expert_used_count")), int(hp("expert_feed_forward_length")),
-                          not shared, (True,) * int(hp("block_count")),
-                          int(hp("expert_shared_feed_forward_length")) if shared else 0)
+                          not shared, (True,) * int(hp("block_count")), shared)
