@@ -51,6 +51,13 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                          num_experts=8, num_experts_per_tok=3, moe_intermediate_size=64,
                                          norm_topk_prob=True)),
+    # 8 biased experts, 3 a token, a SwiGLU clamp (0.6) low enough to cut in; windows of 8 (shorter than the test
+    # prompts) on layers 0 and 2; YaRN without truncation, as gpt-oss's own.
+    "gpt_oss": ("GptOssConfig", dict(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                     intermediate_size=64, num_local_experts=8, num_experts_per_tok=3, sliding_window=8,
+                                     swiglu_limit=0.6, rope_parameters={"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0,
+                                                                        "original_max_position_embeddings": 128,
+                                                                        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False})),
     # Layers 0-4 local (window 16, shorter than the test prompts), layer 5 global; every Gemma 3 knob set.
     "gemma3": (
         "Gemma3TextConfig",
@@ -77,10 +84,12 @@ def build_checkpoint(class_name: str, extra: dict, out_dir: Path) -> Path:
     # Random init leaves tiny weights whose logits are nearly uniform; widen them so greedy
     # decoding has clear winners and a comparison of tokens means something.
     with torch.no_grad():
-        for param in model.parameters():
+        for name, param in model.named_parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.08)
             elif config.model_type.startswith("gemma"):  # its norms scale by 1 + weight, zero at init
+                param.normal_(0.0, 0.2)
+            elif config.model_type == "gpt_oss" and not name.endswith("norm.weight"):  # biases and sinks, near zero at init
                 param.normal_(0.0, 0.2)
     model.save_pretrained(out_dir)
     save_tiny_tokenizer(out_dir, TINY_COMMON["vocab_size"])

@@ -97,14 +97,15 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 @torch.library.register_fake("llmpipe::paged_decode_attention")
 def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor,
-                           scale: float, window: int | None, kv_scales: torch.Tensor | None = None) -> torch.Tensor:
+                           scale: float, window: int | None, kv_scales: torch.Tensor | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(q, q.shape[1] * q.shape[2])
 
 
 @torch.library.register_fake("llmpipe::rope_write_decode_attention")
 def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                 slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,
-                                scale: float, window: int | None) -> torch.Tensor:
+                                scale: float, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     return _rows(heads, num_heads * heads.shape[2])
 
 

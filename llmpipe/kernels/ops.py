@@ -202,16 +202,18 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def paged_decode_attention(q: torch.Tensor, rows: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor,
-                           scale: float, window: int | None, scales: torch.Tensor | None) -> torch.Tensor:
-    """kernels/csrc/paged_attention.c: decode queries against a paged cache's rows (int8 ones with their scales)."""
-    return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
+                           scale: float, window: int | None, scales: torch.Tensor | None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/csrc/paged_attention.c: decode queries against a paged cache's rows (int8 ones with their scales),
+    each head's sink logit (float32 [heads], if any) in its softmax's denominator."""
+    return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales, sinks)
 
 
 def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                 slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,
-                                scale: float, window: int | None) -> torch.Tensor:
+                                scale: float, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     return _library().rope_write_decode_attention(heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads,
-                                                  scale, window)
+                                                  scale, window, sinks)
 
 
 def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor | None, descriptors: torch.Tensor,

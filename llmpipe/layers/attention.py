@@ -5,6 +5,10 @@ of new tokens of one sequence, possibly on top of a cached prefix). New K/V are 
 flat slot mapping (slot = block id × block size + offset); reads gather each sequence's blocks.
 Prefill and decode differ only in this metadata, built by the model runner.
 
+Attention sinks (gpt-oss): a learned logit per query head joins each row's softmax denominator and
+attends to nothing, so a head can put weight nowhere: out = softmax([scores, sink])[:-1] @ V, which is
+the plain attention scaled by sigmoid(logsumexp(scores) − sink).
+
 `reference_paged_attention` is the readable per-token definition the fast paths are tested against.
 """
 
@@ -66,30 +70,33 @@ def gather_kv(
 
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-    scale: float, window: int | None = None,
+    scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [tokens, heads, D]; k, v: [tokens, kv_heads, D]. Writes the new K/V, returns [tokens, heads × D]."""
+    """q: [tokens, heads, D]; k, v: [tokens, kv_heads, D]; sinks: [heads] or None. Writes the new K/V,
+    returns [tokens, heads × D]."""
     write_kv(kv_cache, k, v, meta.slot_mapping)
     rotation = kv_cache.rotation if isinstance(kv_cache, QuantizedKV) else None
     if rotation is not None:  # K/V are stored rotated (quant/kv.py): attend in that basis, rotate back
-        out = _attend(q @ rotation.to(q.dtype), kv_cache, meta, scale, window)
+        out = _attend(q @ rotation.to(q.dtype), kv_cache, meta, scale, window, sinks)
         return (out.view(q.shape) @ rotation.T.to(q.dtype)).flatten(1)
-    return _attend(q, kv_cache, meta, scale, window)
+    return _attend(q, kv_cache, meta, scale, window, sinks)
 
 
-def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:
+def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: float, window: int | None,
+            sinks: torch.Tensor | None) -> torch.Tensor:
     if not meta.prefills:
-        return decode_attention(q, kv_cache, meta, scale, window)
+        return decode_attention(q, kv_cache, meta, scale, window, sinks)
     parts = []
     if meta.num_decodes:
-        parts.append(decode_attention(q[: meta.num_decodes], kv_cache, meta, scale, window))
+        parts.append(decode_attention(q[: meta.num_decodes], kv_cache, meta, scale, window, sinks))
     for chunk in meta.prefills:
-        parts.append(prefill_attention(q[chunk.token_start : chunk.token_end], kv_cache, chunk, scale, window))
+        parts.append(prefill_attention(q[chunk.token_start : chunk.token_end], kv_cache, chunk, scale, window, sinks))
     return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def decode_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None
+    q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float, window: int | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per sequence against its cached keys, batched over sequences of different lengths
     (padded to the longest; padding masked out). Two batched matmuls per step: PyTorch's CPU
@@ -97,7 +104,7 @@ def decode_attention(
     the C kernel instead (same math in one call, no gather; `attention_kernel`)."""
     if attention_kernel.usable(q, kv_cache):
         return attention_kernel.paged_decode_attention(
-            q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window
+            q, kv_cache, meta.decode_block_tables, meta.decode_context_lens, scale, window, sinks
         )
     batch, length = q.shape[0], meta.decode_max_len
     kv_heads, head_dim = kv_cache.shape[-2:]
@@ -116,19 +123,26 @@ def decode_attention(
         if window_cuts:
             masked |= key_pos < lens - window
         scores.masked_fill_(masked[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
+    if sinks is not None:  # the sink's column joins the softmax, then is dropped
+        sink_column = sinks.to(scores.dtype).view(1, kv_heads, -1, 1).expand(batch, -1, -1, 1)
+        probs = torch.cat([scores, sink_column], dim=-1).softmax(dim=-1, dtype=torch.float32)[..., :-1].to(values.dtype)
+    else:
+        probs = scores.softmax(dim=-1, dtype=torch.float32).to(values.dtype)
     out = torch.stack([torch.bmm(probs[:, h], values[:, :, h]) for h in range(kv_heads)], dim=1)
     return out.reshape(batch, -1)
 
 
 def prefill_attention(
-    q: torch.Tensor, kv_cache: torch.Tensor, chunk: PrefillChunk, scale: float, window: int | None
+    q: torch.Tensor, kv_cache: torch.Tensor, chunk: PrefillChunk, scale: float, window: int | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A chunk of one sequence's new tokens attending causally to its cached prefix and themselves."""
     num_new = q.shape[0]
     start = chunk.context_len - num_new
     keys, values = gather_kv(kv_cache, chunk.block_table, chunk.context_len, q.dtype)
     mask = _causal_mask(start, num_new, chunk.context_len, window, q.device)
+    if sinks is not None:
+        return _prefill_with_sinks(q, keys, values, mask, scale, sinks)
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys.transpose(0, 1).unsqueeze(0),
@@ -139,6 +153,21 @@ def prefill_attention(
         enable_gqa=True,
     )
     return out[0].transpose(0, 1).reshape(num_new, -1)
+
+
+def _prefill_with_sinks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                        scale: float, sinks: torch.Tensor) -> torch.Tensor:
+    """prefill_attention with sinks: PyTorch's CPU flash kernel gives each row's logsumexp beside its output
+    (no [new, context] score matrix is held), and the output is scaled by sigmoid(logsumexp − sink)."""
+    num_new, heads = q.shape[:2]
+    group = heads // keys.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0) for t in (keys, values))
+    bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(0, 1).unsqueeze(0), k, v, is_causal=mask is None and num_new > 1,
+        attn_mask=None if bias is None else bias.expand(1, heads, *bias.shape), scale=scale)
+    kept = torch.sigmoid(lse[0] - sinks.float()[:, None])  # [heads, new]: the weight not given to the sink
+    return (out[0] * kept.unsqueeze(-1).to(out.dtype)).transpose(0, 1).reshape(num_new, -1)
 
 
 def _causal_mask(start: int, num_new: int, end: int, window: int | None, device) -> torch.Tensor | None:
@@ -156,10 +185,11 @@ def _causal_mask(start: int, num_new: int, end: int, window: int | None, device)
 
 def reference_paged_attention(
     q: torch.Tensor, kv_cache: torch.Tensor, block_tables: list[list[int]], positions: list[int],
-    scale: float, window: int | None = None,
+    scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Definition, one token at a time: token i (at `positions[i]` of the sequence whose blocks are
-    `block_tables[i]`) attends to that sequence's cached keys 0..positions[i] (last `window` only)."""
+    `block_tables[i]`) attends to that sequence's cached keys 0..positions[i] (last `window` only), each
+    head's sink logit (if any) in the softmax's denominator."""
     heads, head_dim = q.shape[1:]
     kv_heads, block_size = kv_cache.shape[-2], kv_cache.shape[2]
     out = torch.empty(q.shape[0], heads * head_dim, dtype=q.dtype)
@@ -170,6 +200,9 @@ def reference_paged_attention(
         values = torch.stack([kv_cache[1, b, o] for b, o in slots])
         for h in range(heads):
             kvh = h // (heads // kv_heads)
-            weights = torch.softmax((keys[:, kvh].float() @ q[i, h].float()) * scale, dim=0)
+            logits = (keys[:, kvh].float() @ q[i, h].float()) * scale
+            if sinks is not None:
+                logits = torch.cat([logits, sinks[h : h + 1].float()])
+            weights = torch.softmax(logits, dim=0)[: len(slots)]
             out[i, h * head_dim : (h + 1) * head_dim] = (weights @ values[:, kvh].float()).to(q.dtype)
     return out

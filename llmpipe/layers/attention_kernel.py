@@ -40,23 +40,28 @@ def usable(q: torch.Tensor, kv_cache) -> bool:
 
 def paged_decode_attention(
     q: torch.Tensor, kv_cache: torch.Tensor | QuantizedKV, block_tables: torch.Tensor, lens: torch.Tensor, scale: float,
-    window: int | None,
+    window: int | None, sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [batch, heads, D] → [batch, heads × D]; kv_cache [2, blocks, block_size, kv_heads, D] (float32, or
-    an int8 QuantizedKV); the tables and lengths of any integer type."""
+    an int8 QuantizedKV); the tables and lengths of any integer type; sinks [heads] (any float dtype) or None."""
     rows, scales = cache_tensors(kv_cache)
-    return ops.paged_decode_attention(q, rows, block_tables, lens, scale, window, scales)
+    return ops.paged_decode_attention(q, rows, block_tables, lens, scale, window, scales, _float32(sinks))
 
 
 def rope_write_decode_attention(
     heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor, slots: torch.Tensor,
     block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int, scale: float, window: int | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A decode-only step's attention in one call: heads [B, H + 2 KVH, D] (the qkv projection,
     rotated in place), RoPE with cos / sin [B, 1, D], K/V written at `slots`, then the decode
     kernel → [B, H × D]. The same math as apply_rotary + write_kv + paged_decode_attention."""
     return ops.rope_write_decode_attention(
-        heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads, scale, window)
+        heads, cos, sin, kv_cache, slots, block_tables, lens, num_heads, scale, window, _float32(sinks))
+
+
+def _float32(sinks: torch.Tensor | None) -> torch.Tensor | None:
+    return None if sinks is None else sinks.detach().float().contiguous()
 
 
 def fused_decode_usable(heads: torch.Tensor, cos: torch.Tensor, kv_cache, meta) -> bool:

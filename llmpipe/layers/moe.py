@@ -42,17 +42,19 @@ def dispatch(x: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, num_
 
 class SoftmaxTopKRouter(nn.Module):
     """Softmax over the router's logits (float32), the top_k experts by probability, renormalized over
-    them where `renormalize` (Qwen3-MoE's norm_topk_prob); the weights come back in the input's dtype."""
+    them where `renormalize` (Qwen3-MoE's norm_topk_prob); the weights come back in the input's dtype.
+    Renormalized, this is gpt-oss's softmax over the top_k logits (its router has a bias)."""
 
-    def __init__(self, hidden_size: int, num_experts: int, top_k: int, renormalize: bool):
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int, renormalize: bool, bias: bool = False):
         super().__init__()
         self.top_k, self.renormalize = top_k, renormalize
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.bias = nn.Parameter(torch.empty(num_experts)) if bias else None
         self.splits = torch.get_num_threads()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [T, hidden] → each token's expert weights and expert ids, [T, top_k] each."""
-        probs = linear(x, self.weight, splits=self.splits).softmax(dim=-1, dtype=torch.float32)
+        probs = linear(x, self.weight, self.bias, splits=self.splits).softmax(dim=-1, dtype=torch.float32)
         weights, indices = probs.topk(self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -60,7 +62,7 @@ class SoftmaxTopKRouter(nn.Module):
 
 
 class Experts(nn.ModuleList):
-    """One gated MLP per expert (`gate_up_proj`, `act`, `down_proj`: linears that quantize and load as any
+    """One gated MLP per expert (`gate_up_proj`, `glu`, `down_proj`: linears that quantize and load as any
     other's), run by `dispatch` over the rows routed to it. A single token (batch-1 decode) takes its k
     experts' gate_up in one product (GGUF blocks: one kernel call, the activation quantized once), their
     activations as one [k, inner] tensor, then each expert's down on its own row."""
@@ -77,6 +79,6 @@ class Experts(nn.ModuleList):
         experts = [self[e] for e in ids]
         inner = experts[0].down_proj.in_features
         gate, up = stacked_linear(x, [e.gate_up_proj for e in experts]).view(len(ids), 2, inner).unbind(1)
-        h = experts[0].act(gate) * up
+        h = experts[0].glu(gate, up)
         y = torch.cat([e.down_proj(h[j : j + 1]) for j, e in enumerate(experts)])  # [k, hidden]
         return weights.to(y.dtype) @ y

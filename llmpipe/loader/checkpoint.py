@@ -20,9 +20,7 @@ from llmpipe.loader.gguf_config import gguf_model_config
 from llmpipe.loader.gguf_file import drop_vocabulary, open_gguf
 from llmpipe.loader.gguf_weights import GGUFWeights
 from llmpipe.loader.hf_config import hf_model_config
-from llmpipe.loader.hf_weights import SafetensorsWeights
 from llmpipe.loader.quant_config import hf_quantization_config
-from llmpipe.loader.quantized_weights import QuantizedSafetensorsWeights
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models import registry  # a module, not its names: the families import loader modules in turn
 from llmpipe.quant.apply import QuantPlan, quant_plan
@@ -112,8 +110,8 @@ def _collector_paused() -> Iterator[None]:
 
 def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
     config = hf_model_config(directory)
-    quant = hf_quantization_config(directory)  # GPTQ / AWQ: quantized linears read as Int4Weight
-    source = SafetensorsWeights(directory) if quant is None else QuantizedSafetensorsWeights(directory, quant)
+    quant = hf_quantization_config(directory)  # GPTQ / AWQ: quantized linears read as Int4Weight; gpt-oss's MXFP4
+    source = registry.family_of(config.architecture).hf_weights(directory, quant)
     if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
         logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
         return config, source, None

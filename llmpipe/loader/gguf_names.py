@@ -1,8 +1,9 @@
 """GGUF tensor names → Hugging Face names: one table per GGUF architecture, owned by its model family.
 
 A mixture of experts' GGUF holds each layer's experts as one 3-D tensor ([experts, out, in], e.g.
-ffn_gate_exps); `experts` names the per-expert Hugging Face tensor each slice of it stands for, so
-expert e is read as the rows of its own slice, in place, as any other linear's weight.
+ffn_gate_exps; their biases, where they have any, [experts, out]); `experts` names the per-expert Hugging
+Face tensor each slice of it stands for, so expert e is read as the rows of its own slice, in place, as any
+other linear's weight.
 
 llama.cpp's converter permutes the rows of attn_q / attn_k (weight and bias) for the "llama"
 architecture only (its LlamaModel.modify_tensors; Qwen2Model and Qwen3Model do not), turning
@@ -23,7 +24,7 @@ _LAYER = re.compile(r"^blk\.(\d+)\.")
 @dataclass(frozen=True)
 class GGUFArchitecture:
     tensors: dict[str, str]  # GGUF name pattern → Hugging Face name pattern ({i} = layer)
-    experts: dict[str, str] = field(default_factory=dict)  # a 3-D experts tensor's pattern → its slices' ({e} = expert)
+    experts: dict[str, str] = field(default_factory=dict)  # an experts tensor's pattern → its slices' ({e} = expert)
     permuted: dict[str, str] = field(default_factory=dict)  # GGUF pattern → head-count field
     # Gemma's RMSNorm scales by (1 + weight); llama.cpp's converter stores 1 + weight, so loading subtracts it.
     norms_store_one_plus_weight: bool = False
@@ -36,7 +37,7 @@ class GGUFArchitecture:
         return None if hf_pattern is None else hf_pattern.format(i=layer)
 
     def expert_names(self, gguf_name: str, experts: int) -> list[str] | None:
-        """The Hugging Face names of a 3-D experts tensor's slices, expert 0 first; None if it is not one."""
+        """The Hugging Face names of an experts tensor's slices, expert 0 first; None if it is not one."""
         pattern, layer = pattern_of(gguf_name)
         hf_pattern = self.experts.get(pattern)
         return None if hf_pattern is None else [hf_pattern.format(i=layer, e=e) for e in range(experts)]

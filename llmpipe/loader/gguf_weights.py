@@ -43,7 +43,7 @@ class GGUFWeights:
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         for tensor in reader.tensors:
-            expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) == 3 else None
+            expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) > 1 else None
             if expert_names is not None:
                 self._tensors |= dict(zip(expert_names, expert_slices(tensor)))
                 continue
@@ -120,8 +120,8 @@ class GGUFWeights:
 
 
 def expert_slices(tensor: ReaderTensor) -> list[ReaderTensor]:
-    """A 3-D experts tensor's experts, each a tensor of its own: its slice of the data (a view of the same
-    mapping, rows of whole blocks) and of the file."""
+    """An experts tensor's experts (3-D weights; 2-D biases, gpt-oss's), each a tensor of its own: its slice of
+    the data (a view of the same mapping, rows of whole blocks) and of the file."""
     experts = int(tensor.shape[-1])
     n_bytes, n_elements = int(tensor.n_bytes) // experts, int(tensor.n_elements) // experts
     return [tensor._replace(name=f"{tensor.name}[{e}]", shape=tensor.shape[:-1], n_elements=n_elements, n_bytes=n_bytes,

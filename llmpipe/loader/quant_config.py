@@ -1,4 +1,5 @@
-"""The `quantization_config` of a Hugging Face config.json: GPTQ or AWQ 4-bit, checked field by field.
+"""The `quantization_config` of a Hugging Face config.json: GPTQ or AWQ 4-bit, checked field by field, or
+MXFP4 (gpt-oss's experts, whose layout is fixed).
 
 The field names are those AutoGPTQ / AutoAWQ write and transformers' GPTQConfig / AwqConfig read.
 """
@@ -12,12 +13,12 @@ from typing import Any
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.files import read_json
 
-METHODS = ("gptq", "awq")
+METHODS = ("gptq", "awq", "mxfp4")
 
 
 @dataclass(frozen=True)
 class QuantizationConfig:
-    method: str  # "gptq" | "awq"
+    method: str  # "gptq" | "awq" | "mxfp4"
     bits: int
     group_size: int  # -1: one group spanning each layer's whole input
     desc_act: bool = False  # GPTQ act-order: g_idx assigns input columns to groups out of order
@@ -46,6 +47,8 @@ def parse_quantization_config(raw: Any, path: Path) -> QuantizationConfig:
         return raw[key]
 
     method = str(need("quant_method", str)).lower()
+    if method == "mxfp4":  # gpt-oss's experts: E2M1 codes, one E8M0 exponent per 32 (models/gpt_oss/weights.py)
+        return QuantizationConfig(method, 4, 32)
     if method not in METHODS:
         raise UnsupportedModelError(
             f"{path}: quant_method {method!r} is not supported (supported: {', '.join(METHODS)})"

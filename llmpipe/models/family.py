@@ -14,12 +14,17 @@ import torch
 from torch import nn
 
 from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.errors import UnsupportedModelError
 from llmpipe.kv_cache.paged import PagedKVCache
 from llmpipe.layers.linear import Linear
+from llmpipe.loader.hf_weights import SafetensorsWeights
+from llmpipe.loader.quantized_weights import QuantizedSafetensorsWeights
 from llmpipe.models.weights import EMBED, Stacking, shards
 
 if TYPE_CHECKING:
+    from llmpipe.loader.checkpoint import WeightSource
     from llmpipe.loader.gguf_names import GGUFArchitecture
+    from llmpipe.loader.quant_config import QuantizationConfig
 
 Shape = tuple[int, ...]
 
@@ -46,6 +51,14 @@ class ModelFamily:
     def gguf_fields(self, hp: Callable[..., Any]) -> dict[str, Any]:
         """ModelConfig fields from the family's GGUF metadata; hp(key, *default) reads `{architecture}.{key}`."""
         return {}
+
+    def hf_weights(self, directory: Path, quant: QuantizationConfig | None) -> WeightSource:
+        """A Hugging Face directory's tensors under the names the model loads (`quant`: its quantization_config)."""
+        if quant is None:
+            return SafetensorsWeights(directory)
+        if quant.method not in ("gptq", "awq"):
+            raise UnsupportedModelError(f"{directory}: {quant.method} checkpoints of {self.name} models are not supported")
+        return QuantizedSafetensorsWeights(directory, quant)
 
     def hf_config_fields(self, config: ModelConfig) -> dict[str, Any]:
         """The family's own entries of the config.json that hf_config_dict writes."""

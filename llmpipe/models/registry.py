@@ -10,6 +10,7 @@ from llmpipe.loader.gguf_names import GGUFArchitecture
 from llmpipe.models.deepseek_v4 import DEEPSEEK_V4
 from llmpipe.models.family import ModelFamily
 from llmpipe.models.gemma3 import GEMMA3
+from llmpipe.models.gpt_oss import GPT_OSS
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.phi3 import PHI3
 from llmpipe.models.qwen3_moe import QWEN3_MOE
@@ -20,6 +21,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     DEEPSEEK_V4,
     PHI3,
     QWEN3_MOE,
+    GPT_OSS,
 )
 
 T = TypeVar("T")

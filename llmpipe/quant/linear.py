@@ -472,14 +472,17 @@ class GGMLLinear(QuantizedLinear):
 
 
 def stacked_linear(x: torch.Tensor, layers: list[nn.Module]) -> torch.Tensor:
-    """x @ the layers' weights stacked by rows: [..., Σ out]. GGUF block weights (GGMLLinear, no bias) take
-    one kernel call over all their segments, x quantized once (a token's experts' gate_up); others one each."""
+    """x @ the layers' weights stacked by rows (+ their biases): [..., Σ out]. GGUF block weights (GGMLLinear)
+    take one kernel call over all their segments, x quantized once (a token's experts' gate_up); others one each."""
     first = layers[0]
     bits = getattr(first, "activation_bits", None)
     if (bits is None or x.device.type != "cpu" or not ops.available()
-            or any(type(m) is not GGMLLinear or m.bias is not None or m.activation_bits != bits for m in layers)):
+            or any(type(m) is not GGMLLinear or m.activation_bits != bits or (m.bias is None) != (first.bias is None)
+                   for m in layers)):
         return torch.cat([m(x) for m in layers], dim=-1)
     wide = x if x.dtype == torch.float32 and x.is_contiguous() else x.float().contiguous()
     table = torch.cat([m.segment_table for m in layers])
     y = ops.ggml_segments_dot(wide.reshape(-1, first.in_features), table, sum(m.out_features for m in layers), bits)
+    if first.bias is not None:  # biased experts (gpt-oss)
+        y += torch.cat([m.bias for m in layers]).float()
     return y.view(*x.shape[:-1], -1).to(x.dtype)

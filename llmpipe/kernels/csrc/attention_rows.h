@@ -275,13 +275,23 @@ static void run_values(const float *p, int64_t L, const KVRows *values, int64_t 
  * together (the cache streams in address order): scores, a softmax per head, the weighted values into
  * out [H, D]. With `stats` (flash-decoding's split: a part of the positions), unnormalized: out[h] =
  * sum_t e^(s_t - top_h) v_t, stats[2h] = top_h, stats[2h + 1] = sum_t e^(s_t - top_h); L may then be 0
- * (top -inf, sum 0, out 0). p: scratch of H * L floats; weights: 4 * block_size floats for int8 caches. */
+ * (top -inf, sum 0, out 0). p: scratch of H * L floats; weights: 4 * block_size floats for int8 caches.
+ * Sinks (gpt-oss): head h's logit sinks[h] joins its softmax's denominator and attends to nothing. */
 typedef struct {
     const void *cache;      /* [2, num_blocks, block_size, KVH, D]: float32, or int8 codes */
     const uint16_t *scales; /* int8: float16 [2, num_blocks, block_size, KVH] (NULL: float32) */
     int64_t H, KVH, D, num_blocks, block_size;
     float scale;
+    const float *sinks; /* [H] (NULL: none) */
 } CacheGeometry;
+
+/* p[0..L) = e^(p - top) / (sum + e^(sink - top)) in place: a softmax with a sink's logit in its denominator. */
+static inline void softmax_with_sink(float *p, int64_t L, float sink) {
+    float top;
+    const float total = exp_in_place(p, L, &top) + expf(sink - top);
+    const float inv = 1.0f / total;
+    for (int64_t t = 0; t < L; t++) p[t] *= inv;
+}
 
 static void attend_sequence(const CacheGeometry *c, const float *q, const int64_t *table, int64_t first, int64_t L,
                             float *p, float *weights, float *out, float *stats) {
@@ -296,6 +306,8 @@ static void attend_sequence(const CacheGeometry *c, const float *q, const int64_
     for (int64_t h = 0; h < H; h++) {
         if (stats)
             stats[2 * h + 1] = exp_in_place(p + h * L, L, stats + 2 * h);
+        else if (c->sinks)
+            softmax_with_sink(p + h * L, L, c->sinks[h]);
         else
             softmax_in_place(p + h * L, L);
     }
@@ -308,8 +320,10 @@ static void attend_sequence(const CacheGeometry *c, const float *q, const int64_
 }
 
 /* out[h] = softmax-weighted values over all P parts of attend_sequence's split (part i's at outs + i * H * D,
- * stats + 2 * i * H): each part rescaled by e^(top_i - top) for the overall top. */
-static void merge_parts(const float *outs, const float *stats, int64_t P, int64_t H, int64_t D, float *out) {
+ * stats + 2 * i * H): each part rescaled by e^(top_i - top) for the overall top; a sink's e^(sink - top)
+ * joins the denominator. */
+static void merge_parts(const float *outs, const float *stats, int64_t P, int64_t H, int64_t D, const float *sinks,
+                        float *out) {
     for (int64_t h = 0; h < H; h++) {
         float top = -INFINITY, total = 0;
         for (int64_t i = 0; i < P; i++) top = stats[2 * (i * H + h)] > top ? stats[2 * (i * H + h)] : top;
@@ -323,6 +337,7 @@ static void merge_parts(const float *outs, const float *stats, int64_t P, int64_
             const float *part = outs + (i * H + h) * D;
             for (int64_t d = 0; d < D; d++) o[d] += w * part[d];
         }
+        if (sinks) total += expf(sinks[h] - top);
         const float inv = 1.0f / total;
         for (int64_t d = 0; d < D; d++) o[d] *= inv;
     }
@@ -416,7 +431,7 @@ static void decode_attention(const DecodeAttention *a) {
     if (P > 1) {
 #pragma omp for schedule(static)
         for (int64_t b = 0; b < a->B; b++)
-            merge_parts(a->part_out + b * P * H * D, a->part_stats + b * P * H * 2, P, H, D, a->out + b * H * D);
+            merge_parts(a->part_out + b * P * H * D, a->part_stats + b * P * H * 2, P, H, D, c->sinks, a->out + b * H * D);
     }
 }
 

@@ -60,11 +60,12 @@ void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int
 // paged_attention.c
 void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
                             const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
-                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window);
+                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window,
+                            const float *sinks);
 void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
                                  const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
                                  int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
-                                 float scale, int64_t window);
+                                 float scale, int64_t window, const float *sinks);
 // decode_step.c (layers: LayerDesc[num_layers], int64 words as layers/decode_step.py lays them out)
 void decode_step(float *x, const void *layers, int64_t num_layers, int64_t B, int64_t hidden, int64_t H, int64_t KVH,
                  int64_t D, float eps, float scale, const float *cos, const float *sin,
@@ -375,11 +376,19 @@ void check_rotary(const char *op, const char *name, const at::Tensor &t, int64_t
                 " values, got shape ", t.sizes());
 }
 
+// sinks: float32 [heads], contiguous, or none.
+const float *check_sinks(const char *op, const std::optional<at::Tensor> &sinks, int64_t heads) {
+    if (!sinks) return nullptr;
+    check(op, "sinks", *sinks, at::kFloat, 1);
+    check_size(op, "sinks", *sinks, 0, heads);
+    return sinks->const_data_ptr<float>();
+}
+
 // q [B, H, D] (copied when not contiguous); tables and lens converted to contiguous int64 as needed.
 // kv_cache float32, or int8 codes with kv_scales [2, blocks, block_size, KV heads, 1] their float16 scales.
 at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_cache, const at::Tensor &block_tables,
                                   const at::Tensor &lens_in, double scale, std::optional<int64_t> window,
-                                  const std::optional<at::Tensor> &kv_scales) {
+                                  const std::optional<at::Tensor> &kv_scales, const std::optional<at::Tensor> &sinks) {
     const char *op = "paged_decode_attention";
     const at::Tensor q = q_in.contiguous();
     const at::Tensor tables = block_tables.to(at::kLong).contiguous(), lens = lens_in.to(at::kLong).contiguous();
@@ -394,13 +403,15 @@ at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_c
     }
     check_size(op, "q", q, 2, c.head_dim);
     check_tables(op, tables, lens, batch);
+    const float *sink_logits = check_sinks(op, sinks, heads);
     at::Tensor out = float_empty(batch, heads * head_dim);
     if (batch == 0) return out;
     const auto *scales = kv_scales ? static_cast<const uint16_t *>(kv_scales->const_data_ptr()) : nullptr;
     kernels::paged_decode_attention(q.const_data_ptr<float>(), kv_cache.const_data_ptr(), scales,
                                     tables.const_data_ptr<int64_t>(), lens.const_data_ptr<int64_t>(),
                                     out.mutable_data_ptr<float>(), batch, heads, c.kv_heads, head_dim, c.num_blocks,
-                                    c.block_size, tables.size(1), static_cast<float>(scale), window.value_or(0));
+                                    c.block_size, tables.size(1), static_cast<float>(scale), window.value_or(0),
+                                    sink_logits);
     return out;
 }
 
@@ -408,7 +419,8 @@ at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_c
 at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor &cos, const at::Tensor &sin,
                                        const at::Tensor &kv_cache, const at::Tensor &slots,
                                        const at::Tensor &block_tables, const at::Tensor &lens, int64_t num_heads,
-                                       double scale, std::optional<int64_t> window) {
+                                       double scale, std::optional<int64_t> window,
+                                       const std::optional<at::Tensor> &sinks) {
     const char *op = "rope_write_decode_attention";
     check(op, "heads", heads, at::kFloat, 3);
     const int64_t batch = heads.size(0), head_dim = heads.size(2);
@@ -420,13 +432,14 @@ at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor
     check(op, "slots", slots, at::kLong, 1);
     check_size(op, "slots", slots, 0, batch);
     check_tables(op, block_tables, lens, batch);
+    const float *sink_logits = check_sinks(op, sinks, num_heads);
     at::Tensor out = float_empty(batch, num_heads * head_dim);
     if (batch == 0) return out;
     kernels::rope_write_decode_attention(
         heads.mutable_data_ptr<float>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
         kv_cache.mutable_data_ptr<float>(), slots.const_data_ptr<int64_t>(), block_tables.const_data_ptr<int64_t>(),
         lens.const_data_ptr<int64_t>(), out.mutable_data_ptr<float>(), batch, num_heads, c.kv_heads, head_dim,
-        c.num_blocks, c.block_size, block_tables.size(1), static_cast<float>(scale), window.value_or(0));
+        c.num_blocks, c.block_size, block_tables.size(1), static_cast<float>(scale), window.value_or(0), sink_logits);
     return out;
 }
 
@@ -513,9 +526,9 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("greedy_argmax(Tensor logits) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
-          "int? window, Tensor? kv_scales=None) -> Tensor");
+          "int? window, Tensor? kv_scales=None, Tensor? sinks=None) -> Tensor");
     m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
-          "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window) -> Tensor");
+          "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window, Tensor? sinks=None) -> Tensor");
     m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor(c!)? kv_scales, Tensor descriptors, Tensor cos, "
           "Tensor sin, Tensor slots, Tensor tables, Tensor lens, int[] sizes, float eps, float scale, "
           "Tensor? final_norm=None) -> ()");

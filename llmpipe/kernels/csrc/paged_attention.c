@@ -5,7 +5,7 @@
  * `scales` their float16 scales [2, num_blocks, block_size, KVH] (NULL: float32), block_tables [B, W] (int64),
  * lens [B] tokens cached (including the new one), out [B, H, D]. Sequence b attends to positions
  * max(0, lens[b] - window) .. lens[b] - 1 (window <= 0: all). Query head h reads KV head
- * h / (H / KVH). Requires D % 8 == 0.
+ * h / (H / KVH); its sink logit sinks[h] (sinks NULL: none) joins its softmax's denominator. Requires D % 8 == 0.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -17,10 +17,11 @@
 
 void paged_decode_attention(const float *q, const void *cache, const uint16_t *scales, const int64_t *block_tables,
                             const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
-                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window) {
+                            int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window,
+                            const float *sinks) {
     const int64_t parts = omp_get_max_threads();
     float *part_out = malloc(sizeof(float) * B * parts * H * D), *part_stats = malloc(sizeof(float) * B * parts * H * 2);
-    const DecodeAttention a = {{cache, scales, H, KVH, D, num_blocks, block_size, scale}, q, H * D, B, table_width,
+    const DecodeAttention a = {{cache, scales, H, KVH, D, num_blocks, block_size, scale, sinks}, q, H * D, B, table_width,
                                window, block_tables, lens, out, part_out, part_stats};
 #pragma omp parallel
     decode_attention(&a);
@@ -33,7 +34,7 @@ void paged_decode_attention(const float *q, const void *cache, const uint16_t *s
 void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
                                  const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
                                  int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
-                                 float scale, int64_t window) {
+                                 float scale, int64_t window, const float *sinks) {
     const int64_t row = (H + 2 * KVH) * D, token_stride = KVH * D, block_stride = block_size * token_stride;
     float *q = malloc(sizeof(float) * B * H * D), *tmp = malloc(sizeof(float) * D);
     for (int64_t b = 0; b < B; b++) {
@@ -45,7 +46,7 @@ void rope_write_decode_attention(float *qkv, const float *cos, const float *sin,
                sizeof(float) * token_stride);
     }
     paged_decode_attention(q, cache, NULL, block_tables, lens, out, B, H, KVH, D, num_blocks, block_size, table_width,
-                           scale, window);
+                           scale, window, sinks);
     free(q);
     free(tmp);
 }

@@ -50,6 +50,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = self.head_dim**-0.5
         self.window = cfg.sliding_window
+        self.sinks: torch.Tensor | None = None  # gpt-oss: a learned logit per head in the softmax (layers/attention.py)
 
     def forward(self, x: torch.Tensor, rope: Rope, kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         heads = self.qkv_proj(x).view(x.shape[0], -1, self.head_dim)  # [T, q heads + k heads + v heads, D]
@@ -57,13 +58,13 @@ class LlamaAttention(nn.Module):
             # decode: RoPE, the K/V write and attention in one C call (the ops below, ~20 of them)
             out = attention_kernel.rope_write_decode_attention(
                 heads, *rope, kv_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
-                self.num_heads, self.scale, self.window)
+                self.num_heads, self.scale, self.window, self.sinks)
             return self.o_proj(out)
         qk, v = heads[:, : self.num_heads + self.num_kv_heads], heads[:, self.num_heads + self.num_kv_heads :]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1)
         q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)  # q and k rotated together
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.window)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.window, self.sinks)
         return self.o_proj(out)
 
     def kv_cache_spec(self) -> KVCacheSpec:
@@ -71,17 +72,21 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None):
+    def __init__(self, cfg: ModelConfig, intermediate_size: int | None = None, bias: bool = False):
         super().__init__()
         inner = intermediate_size or cfg.intermediate_size  # an expert's is its own (moe_intermediate_size)
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inner, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inner, bias=bias)
         self.gate_up_proj.shard_sizes = (inner, inner)
-        self.down_proj = Linear(inner, cfg.hidden_size, bias=False)
+        self.down_proj = Linear(inner, cfg.hidden_size, bias=bias)
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.glu(gate, up))
+
+    def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """The gated unit between the two projections: act(gate) · up."""
+        return self.act(gate) * up
 
 
 class LlamaDecoderLayer(nn.Module):
