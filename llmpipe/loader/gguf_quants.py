@@ -107,6 +107,37 @@ def dequantize_iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
     return q.float().mul_(scale)
 
 
+# MXFP4: a nibble indexes FP4 E2M1's values doubled (ggml's kvalues_mxfp4), the block's scale halved to match.
+MXFP4_VALUES = torch.tensor([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=torch.int8)
+
+
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes → float32 2^(e − 128), exactly (ggml's GGML_E8M0_TO_FP32_HALF; e < 2 a subnormal)."""
+    e = e.int()
+    return torch.where(e < 2, 0x00200000 << e.clamp(max=1), (e - 1) << 23).view(torch.float32)
+
+
+def split_mxfp4(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 [n, 17]: exponent e (E8M0), 16 bytes of nibbles (low ones first) → scale 2^(e − 128) float32
+    [n, 1], codebook values int8 [n, 32] (value = scale·MXFP4_VALUES[nibble])."""
+    return e8m0_half(blocks[:, :1]), MXFP4_VALUES[unpack_nibbles(blocks[:, 1:]).int()]
+
+
+def dequantize_mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    scale, q = split_mxfp4(blocks)
+    return q.float().mul_(scale)
+
+
+def mxfp4_from_hf(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's MXFP4 (gpt-oss's `*_blocks` uint8 [..., G, 16], `*_scales` uint8 [..., G]) → ggml MXFP4
+    rows uint8 [..., G * 17]. HF's values are E2M1 · 2^(scale − 127), ggml's twice E2M1 · 2^(e − 128): codes and
+    exponent carry over as they are; only the nibble order differs (HF byte j: elements 2j low, 2j + 1 high;
+    ggml byte j: elements j low, j + 16 high)."""
+    elements = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).flatten(-2)  # [..., G, 32] in weight order
+    packed = elements[..., :16] | (elements[..., 16:] << 4)
+    return torch.cat([scales.to(torch.uint8).unsqueeze(-1), packed], dim=-1).flatten(-2)
+
+
 # --- K-quants: 256-weight super-blocks of 8 or 16 sub-blocks ------------------------------------
 
 
@@ -235,6 +266,7 @@ BLOCK_DEQUANTIZERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Te
     Q.Q6_K: dequantize_q6_k,
     Q.IQ4_NL: dequantize_iq4_nl,
     Q.IQ4_XS: dequantize_iq4_xs,
+    Q.MXFP4: dequantize_mxfp4,
 }
 FLOAT_TYPES = (Q.F32, Q.F16, Q.BF16)
 SUPPORTED_TYPES = frozenset((*FLOAT_TYPES, *BLOCK_DEQUANTIZERS))

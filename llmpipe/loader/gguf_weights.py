@@ -21,7 +21,7 @@ K_SUB_BLOCK = 16  # weights per Q3_K sub-block
 Q = GGMLQuantizationType
 # The types the GGML kernels (kernels/csrc/ggml_rows.h) read as the file holds them: such a tensor is
 # copied into its layer as it is, nothing converted, no more bytes than the file's.
-GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS)
+GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
 # The ggml types that load quantized (read_quantized) and the llmpipe format each takes: the GGML types
 # as themselves; Q3_K as int8 codes −4..3 with group-16 float32 scales (1.25 bytes a weight where the file
 # has 0.43). Q2_K is dequantized.

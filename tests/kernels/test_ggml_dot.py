@@ -22,13 +22,15 @@ SCALE_OFFSETS = {**RANDOM_BLOCK_SCALE_OFFSETS, Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q
 
 
 def random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random bytes with float16 scales (and mins) of a sensible size: [rows, bytes per row]."""
+    """Random bytes with float16 scales (and mins), or MXFP4's exponents, of a sensible size: [rows, bytes per row]."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
     for offset in SCALE_OFFSETS[qtype]:
         scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype(np.float16)
         blocks[..., offset : offset + 2] = scales[..., None].view(np.uint8)
+    if qtype == Q.MXFP4:  # E8M0 exponents: scales 2^-10 .. 2^2
+        blocks[..., 0] = rng.integers(118, 131, size=blocks.shape[:2])
     return blocks.reshape(rows, -1)
 
 
@@ -68,13 +70,23 @@ def test_random_blocks_give_the_dequantized_weights_product(qtype):
             check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
 
 
-@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0), ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4), ids=lambda q: q.name)
 def test_weights_gguf_quantized_give_the_dequantized_weights_product(qtype):
     """The types gguf-py quantizes (the others' blocks are random above), a real weight's blocks."""
     cols = 512
     weights = (np.random.default_rng(1).standard_normal((33, cols)) * 0.05).astype(np.float32)
     raw = quants.quantize(weights, qtype)
     check(qtype, raw, torch.randn(5, cols) * 3)
+
+
+def test_mxfp4_subnormal_scales():
+    """MXFP4 exponents 0 and 1 (scales 2^-128, 2^-127: subnormal floats, built apart from the rest) and 2, against
+    activations of 2^100 that bring the products back among the normal floats: every ISA's scales exact."""
+    cols = 19 * 32
+    raw = random_blocks(Q.MXFP4, 21, cols, 0).reshape(21, -1, 17)
+    raw[..., 0] = np.random.default_rng(1).integers(0, 3, size=raw.shape[:2])
+    for rows in (3, 16):  # the row kernels, the AMX tiles
+        check(Q.MXFP4, raw.reshape(21, -1), torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)) * 2.0**100)
 
 
 @settings(max_examples=25, deadline=None)

@@ -16,9 +16,9 @@ from tests.loader.test_gguf_native_quant import mapped_file
 from tests.models.test_llama_decode_step import PROMPTS, assert_matches_layered
 from tests.models.test_qwen3_moe import GREEDY, PROMPT
 
-EXPERT_QTYPES = {  # quantized 3-D experts (and a quantized attention), the rest float
-    **{f"model.layers.{i}.mlp.experts.{w}_proj.weight": q for i in (0, 1) for w, q in (("gate", Q.Q8_0), ("up", Q.Q8_0),
-                                                                                        ("down", Q.Q4_0))},
+EXPERT_QTYPES = {  # quantized 3-D experts (layer 1's down in gpt-oss's MXFP4; a quantized attention), the rest float
+    **{f"model.layers.{i}.mlp.experts.{w}_proj.weight": q for i, down in ((0, Q.Q4_0), (1, Q.MXFP4))
+       for w, q in (("gate", Q.Q8_0), ("up", Q.Q8_0), ("down", down))},
     "model.layers.0.self_attn.o_proj.weight": Q.Q8_0,
 }
 
@@ -57,7 +57,7 @@ def test_a_tokens_experts_in_one_kernel_call_equal_each_alone(tiny_gguf):
 
 
 def test_the_fused_decode_step_runs_quantized_experts_as_layer_by_layer(tiny_gguf):
-    """GGUF experts (Q8_0 gate / up, Q4_0 down) with 16-bit activation blocks in the whole-stack step: as
+    """GGUF experts (Q8_0 gate / up, Q4_0 and MXFP4 down) with 16-bit activation blocks in the whole-stack step: as
     the layered path to quantization noise (the step's norm and SiLU round differently in the last bit),
     the same greedy tokens up to a near tie."""
     llm = LLM(str(tiny_gguf("qwen3_moe", EXPERT_QTYPES)), progress=False)

@@ -121,7 +121,7 @@ MIXED_QTYPES = {
     **{f"blk.1.attn_{x}.weight": t for x, t in zip("qkv", (Q.Q4_0, Q.Q4_1, Q.Q5_0))},
     "blk.1.attn_output.weight": Q.Q5_1,
     "blk.1.ffn_gate.weight": Q.IQ4_NL,
-    "blk.1.ffn_up.weight": Q.IQ4_NL,
+    "blk.1.ffn_up.weight": Q.MXFP4,  # gpt-oss's experts' type, quantized by gguf-py
     "blk.1.ffn_down.weight": Q.Q4_K,
     "output.weight": Q.Q6_K,
 }

@@ -95,21 +95,22 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
 #define AMX_PUT2(c, v) (AMX_PUT(c, _mm512_castsi512_si256(v)), AMX_PUT((c) + 1, _mm512_extracti64x4_epi64(v, 1)))
 #define AMX_SCALES(c, s, m) \
     (s16[2 * ((c) - c0) * AMX_ROWS + r] = s16[(2 * ((c) - c0) + 1) * AMX_ROWS + r] = (s), m32[((c) - c0) * AMX_ROWS + r] = (m))
-#define AMX_ROW32(STRIDE, CODES1, MIN)                                                                           \
+#define AMX_ROW32(STRIDE, CODES1, MIN, SCALE1)                                                                   \
     for (int64_t c = c0; c < k1 / BLOCK; c++) {                                                                  \
         const uint8_t *b = row + c * (STRIDE);                                                                   \
         _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                      \
         AMX_PUT(c, CODES1(b));                                                                                   \
-        AMX_SCALES(c, f16_at(b), (MIN) ? -f16_at(b + (MIN)) : 0.0f);                                             \
+        AMX_SCALES(c, SCALE1(b), (MIN) ? -f16_at(b + (MIN)) : 0.0f);                                             \
     }                                                                                                            \
     break;
     switch (type) {
-    case GGML_Q4_0: AMX_ROW32(18, Q4_0_CODES1, 0)
-    case GGML_Q4_1: AMX_ROW32(20, Q4_1_CODES1, 2)
-    case GGML_Q5_0: AMX_ROW32(22, Q5_0_CODES1, 0)
-    case GGML_Q5_1: AMX_ROW32(24, Q5_1_CODES1, 2)
-    case GGML_IQ4_NL: AMX_ROW32(18, IQ4_NL_CODES1, 0)
-    case GGML_Q8_0: AMX_ROW32(34, Q8_0_CODES1, 0)
+    case GGML_Q4_0: AMX_ROW32(18, Q4_0_CODES1, 0, f16_at)
+    case GGML_Q4_1: AMX_ROW32(20, Q4_1_CODES1, 2, f16_at)
+    case GGML_Q5_0: AMX_ROW32(22, Q5_0_CODES1, 0, f16_at)
+    case GGML_Q5_1: AMX_ROW32(24, Q5_1_CODES1, 2, f16_at)
+    case GGML_IQ4_NL: AMX_ROW32(18, IQ4_NL_CODES1, 0, f16_at)
+    case GGML_Q8_0: AMX_ROW32(34, Q8_0_CODES1, 0, f16_at)
+    case GGML_MXFP4: AMX_ROW32(17, MXFP4_CODES1, 0, e8m0_at)
     case GGML_Q4_K: case GGML_Q5_K: {
         const int q5 = type == GGML_Q5_K;
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {

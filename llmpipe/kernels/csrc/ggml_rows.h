@@ -1,11 +1,12 @@
 /* Row kernels over ggml's own quantized blocks, read in place from the GGUF file's bytes (as ggml-cpu's
- * vec_dot functions do): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. A weight row is K / W blocks of
- * the type's bytes (W = 32 weights, or 256 for the K-quants and IQ4_XS); nothing is unpacked to memory.
+ * vec_dot functions do): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4. A weight row is
+ * K / W blocks of the type's bytes (W = 32 weights, or 256 for the K-quants and IQ4_XS); nothing is unpacked to
+ * memory.
  *
  * The activations are the integer-dot kernels' (lowbit_q8_rows.h: quantize_rows with groups of 32):
  * int8 codes in one plane, or 15-bit codes in two, dx per block of 32, xsum = dx * sum(codes) per block.
  * Each block's weights become unsigned bytes u (dpbusd's / maddubs' first operand) with
- *   w = scale * (u - zero)    zero a power of two: Q4_0 8, Q6_K 32, Q8_0 and the IQ4 codebooks 128
+ *   w = scale * (u - zero)    zero a power of two: Q4_0 8, Q6_K 32, Q8_0 and the IQ4 / MXFP4 codebooks 128
  *                             (the signed code plus 128); its term is zero * the sum of each dot lane's
  *                             four activation codes (s4, once per activation row), a shift and a subtract;
  *   w = scale * u - min       Q4_K / Q5_K: the min meets xsum, as llama.cpp's Q8_K block sums.
@@ -25,7 +26,7 @@
 /* ggml_type's numbers, as the GGUF file stores them. */
 enum {
     GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
-    GGML_IQ4_NL = 20, GGML_IQ4_XS = 23
+    GGML_IQ4_NL = 20, GGML_IQ4_XS = 23, GGML_MXFP4 = 39
 };
 
 #define QK_K 256
@@ -33,12 +34,13 @@ enum {
 
 static inline int ggml_supported(int64_t t) {
     return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
-           t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS;
+           t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS || t == GGML_MXFP4;
 }
 static inline int64_t ggml_block_weights(int64_t t) { return t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_XS ? QK_K : 32; }
 static inline int64_t ggml_block_bytes(int64_t t) {
     switch (t) {
     case GGML_Q4_0: case GGML_IQ4_NL: return 18;
+    case GGML_MXFP4: return 17;
     case GGML_Q4_1: return 20;
     case GGML_Q5_0: return 22;
     case GGML_Q5_1: return 24;
@@ -59,6 +61,16 @@ static inline float f16_at(const uint8_t *p) {
 
 /* ggml's kvalues_iq4nl, plus 128: the IQ4 codebooks as unsigned bytes. */
 static const uint8_t IQ4_U8[16] = {1, 24, 45, 63, 79, 93, 106, 118, 129, 141, 153, 166, 181, 197, 217, 241};
+/* ggml's kvalues_mxfp4 (FP4 E2M1's values doubled), plus 128. */
+static const uint8_t MXFP4_U8[16] = {128, 129, 130, 131, 132, 134, 136, 140, 128, 127, 126, 125, 124, 122, 120, 116};
+
+/* MXFP4: the E8M0 exponent e at p as ggml's GGML_E8M0_TO_FP32_HALF, 2^(e - 128) exactly (e < 2: a subnormal). */
+static inline float e8m0_at(const uint8_t *p) {
+    const uint32_t bits = *p < 2 ? 0x00200000u << *p : (uint32_t)(*p - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
 
 /* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins → d * scale and dmin * min of the eight sub-blocks. */
 static inline void k_scales_mins(const uint8_t *q, float d, float dmin, float *sc, float *mn) {
@@ -127,14 +139,17 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
         s16[0] = s16[1] = f16_at(b), m32[0] = has_min ? -f16_at(b + 2) : 0;
         return;
     }
-    case GGML_Q4_0: case GGML_IQ4_NL:
+    case GGML_Q4_0: case GGML_IQ4_NL: case GGML_MXFP4: {
+        const int mx = t == GGML_MXFP4;
+        const uint8_t *qs = b + (mx ? 1 : 2), *book = mx ? MXFP4_U8 : IQ4_U8;
         for (int j = 0; j < 16; j++) {
-            const int lo = b[2 + j] & 0xF, hi = b[2 + j] >> 4;
-            codes[j] = (int8_t)(t == GGML_Q4_0 ? lo - 8 : IQ4_U8[lo] - 128);
-            codes[j + 16] = (int8_t)(t == GGML_Q4_0 ? hi - 8 : IQ4_U8[hi] - 128);
+            const int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+            codes[j] = (int8_t)(t == GGML_Q4_0 ? lo - 8 : book[lo] - 128);
+            codes[j + 16] = (int8_t)(t == GGML_Q4_0 ? hi - 8 : book[hi] - 128);
         }
-        s16[0] = s16[1] = f16_at(b), m32[0] = 0;
+        s16[0] = s16[1] = mx ? e8m0_at(b) : f16_at(b), m32[0] = 0;
         return;
+    }
     case GGML_Q4_K: case GGML_Q5_K: {
         float sc[8];
         k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
@@ -273,8 +288,9 @@ VNNI static inline __m512i nibble_pairs(__m128i q0, __m128i q1) {
 VNNI static inline __m256i nibble_block(__m128i q) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
 }
-VNNI static inline __m512i iq4_table(void) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_U8));
+/* A 16-entry codebook of unsigned codes (IQ4_U8, MXFP4_U8) in each 128-bit lane, for shuffle_epi8. */
+VNNI static inline __m512i codebook(const uint8_t *book) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)book));
 }
 
 /* The float16 at b + at[i] for sixteen byte offsets (sixteen blocks' scales or mins), as float. */
@@ -282,10 +298,20 @@ VNNI static inline __m512 block_halves(const uint8_t *b, __m512i at) {
     return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(at, (const void *)b, 1)));
 }
 
+/* e8m0_at of the bytes at b + at[i] for sixteen byte offsets (sixteen MXFP4 blocks' exponents). */
+VNNI static inline __m512 block_e8m0s(const uint8_t *b, __m512i at) {
+    const __m512i e = _mm512_and_si512(_mm512_i32gather_epi32(at, (const void *)b, 1), _mm512_set1_epi32(0xFF));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), normal, subnormal));
+}
+
 /* The 32-weight types: sixteen blocks at a time (their scales gathered at once), then two, then one. MIN: the
- * byte offset of a block's float16 min m (Q4_1 / Q5_1: w = d * q + m, m meeting xsum), 0 for none. The
- * prefetch is T0: a non-temporal one, evicted before its row's turn comes, left the stream at 7-12 GB/s. */
-#define DEFINE_VNNI_ROW32(NAME, STRIDE, CODES2, CODES1, ZS, MIN)                                                     \
+ * byte offset of a block's float16 min m (Q4_1 / Q5_1: w = d * q + m, m meeting xsum), 0 for none. SCALE1(b):
+ * block b's scale (at its byte 0) as float; SCALE16(b, at): sixteen blocks' at once (b + at[i]): f16_at and
+ * block_halves, or MXFP4's e8m0_at and block_e8m0s. The prefetch is T0: a non-temporal one, evicted before
+ * its row's turn comes, left the stream at 7-12 GB/s. */
+#define DEFINE_VNNI_ROW32(NAME, STRIDE, CODES2, CODES1, ZS, MIN, SCALE1, SCALE16)                                    \
     VNNI_ROW(NAME) {                                                                                               \
         VNNI_ROW_BEGIN                                                                                             \
         int64_t c = k0 / BLOCK;                                                                                    \
@@ -293,7 +319,7 @@ VNNI static inline __m512 block_halves(const uint8_t *b, __m512i at) {
                                                _mm512_set1_epi32(STRIDE));                                         \
         for (; c + 16 <= k1 / BLOCK; c += 16) {                                                                    \
             const uint8_t *b16 = row + c * (STRIDE);                                                               \
-            const __m512 ws16 = block_halves(b16, at_);                                                            \
+            const __m512 ws16 = SCALE16(b16, at_);                                                                 \
             __m512 k16[8];                                                                                         \
             for (int m = 0; m < MR; m++) k16[m] = _mm512_mul_ps(ws16, _mm512_loadu_ps(dx + m * B + c));            \
             if (MIN) {                                                                                             \
@@ -311,7 +337,7 @@ VNNI static inline __m512 block_halves(const uint8_t *b, __m512i at) {
             const uint8_t *b = row + c * (STRIDE);                                                                 \
             _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                    \
             const __m512i w = CODES2(b);                                                                           \
-            const __m512 ws = lane_halves(f16_at(b), f16_at(b + (STRIDE)));                                        \
+            const __m512 ws = lane_halves(SCALE1(b), SCALE1(b + (STRIDE)));                                        \
             VNNI_PAIR(w, ws, c, ZS)                                                                                \
             if (MIN)                                                                                               \
                 for (int m = 0; m < MR; m++)                                                                       \
@@ -320,17 +346,26 @@ VNNI static inline __m512 block_halves(const uint8_t *b, __m512i at) {
         if (c < k1 / BLOCK) {                                                                                      \
             const uint8_t *b = row + c * (STRIDE);                                                                 \
             const __m256i w = CODES1(b);                                                                           \
-            const float ws = f16_at(b);                                                                            \
+            const float ws = SCALE1(b);                                                                            \
             VNNI_ONE(w, ws, c, ZS)                                                                                 \
             if (MIN)                                                                                               \
                 for (int m = 0; m < MR; m++) tail[m] += f16_at(b + (MIN)) * xsum[m * B + c];                       \
         }                                                                                                          \
         VNNI_ROW_END                                                                                               \
     }
-#define Q4_0_CODES2(b) nibble_pairs(_mm_loadu_si128((const __m128i *)((b) + 2)), _mm_loadu_si128((const __m128i *)((b) + 20)))
-#define Q4_0_CODES1(b) nibble_block(_mm_loadu_si128((const __m128i *)((b) + 2)))
-#define IQ4_NL_CODES2(b) _mm512_shuffle_epi8(iq4_table(), Q4_0_CODES2(b))
-#define IQ4_NL_CODES1(b) _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4_table()), Q4_0_CODES1(b))
+/* A pair of blocks' (S bytes each) nibbles at byte Q of each → 64 codes; one block's → 32. */
+#define NIBBLES2(b, Q, S) \
+    nibble_pairs(_mm_loadu_si128((const __m128i *)((b) + (Q))), _mm_loadu_si128((const __m128i *)((b) + (S) + (Q))))
+#define NIBBLES1(b, Q) nibble_block(_mm_loadu_si128((const __m128i *)((b) + (Q))))
+/* Those codes looked up in a codebook (IQ4_U8, MXFP4_U8). */
+#define BOOK2(book, codes) _mm512_shuffle_epi8(codebook(book), codes)
+#define BOOK1(book, codes) _mm256_shuffle_epi8(_mm512_castsi512_si256(codebook(book)), codes)
+#define Q4_0_CODES2(b) NIBBLES2(b, 2, 18)
+#define Q4_0_CODES1(b) NIBBLES1(b, 2)
+#define IQ4_NL_CODES2(b) BOOK2(IQ4_U8, Q4_0_CODES2(b))
+#define IQ4_NL_CODES1(b) BOOK1(IQ4_U8, Q4_0_CODES1(b))
+#define MXFP4_CODES2(b) BOOK2(MXFP4_U8, NIBBLES2(b, 1, 17))
+#define MXFP4_CODES1(b) BOOK1(MXFP4_U8, NIBBLES1(b, 1))
 #define Q8_0_CODES2(b)                                                                                               \
     _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)((b) + 2))),       \
                                         _mm256_loadu_si256((const __m256i *)((b) + 36)), 1), _mm512_set1_epi8((char)0x80))
@@ -343,18 +378,19 @@ VNNI static inline __m256i five_bit_block(const uint8_t *fifth, const uint8_t *q
     return _mm256_mask_add_epi8(q, (__mmask32)bits, q, _mm256_set1_epi8(16));
 }
 #define FIVE_CODES2(b, F, Q, S) _mm512_inserti64x4(_mm512_castsi256_si512(five_bit_block((b) + (F), (b) + (Q))), five_bit_block((b) + (S) + (F), (b) + (S) + (Q)), 1)
-#define Q4_1_CODES2(b) nibble_pairs(_mm_loadu_si128((const __m128i *)((b) + 4)), _mm_loadu_si128((const __m128i *)((b) + 24)))
-#define Q4_1_CODES1(b) nibble_block(_mm_loadu_si128((const __m128i *)((b) + 4)))
+#define Q4_1_CODES2(b) NIBBLES2(b, 4, 20)
+#define Q4_1_CODES1(b) NIBBLES1(b, 4)
 #define Q5_0_CODES2(b) FIVE_CODES2(b, 2, 6, 22)
 #define Q5_0_CODES1(b) five_bit_block((b) + 2, (b) + 6)
 #define Q5_1_CODES2(b) FIVE_CODES2(b, 4, 8, 24)
 #define Q5_1_CODES1(b) five_bit_block((b) + 4, (b) + 8)
-DEFINE_VNNI_ROW32(ggml_row_vnni_q4_0, 18, Q4_0_CODES2, Q4_0_CODES1, 3, 0)
-DEFINE_VNNI_ROW32(ggml_row_vnni_q4_1, 20, Q4_1_CODES2, Q4_1_CODES1, -1, 2)
-DEFINE_VNNI_ROW32(ggml_row_vnni_q5_0, 22, Q5_0_CODES2, Q5_0_CODES1, 4, 0)
-DEFINE_VNNI_ROW32(ggml_row_vnni_q5_1, 24, Q5_1_CODES2, Q5_1_CODES1, -1, 2)
-DEFINE_VNNI_ROW32(ggml_row_vnni_iq4_nl, 18, IQ4_NL_CODES2, IQ4_NL_CODES1, 7, 0)
-DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q4_0, 18, Q4_0_CODES2, Q4_0_CODES1, 3, 0, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q4_1, 20, Q4_1_CODES2, Q4_1_CODES1, -1, 2, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q5_0, 22, Q5_0_CODES2, Q5_0_CODES1, 4, 0, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q5_1, 24, Q5_1_CODES2, Q5_1_CODES1, -1, 2, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_iq4_nl, 18, IQ4_NL_CODES2, IQ4_NL_CODES1, 7, 0, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0, f16_at, block_halves)
+DEFINE_VNNI_ROW32(ggml_row_vnni_mxfp4, 17, MXFP4_CODES2, MXFP4_CODES1, 7, 0, e8m0_at, block_e8m0s)
 
 /* Prefetch a super-block's bytes, `ahead` bytes on. */
 #define PREFETCH_SUPER(b, S)                                                                                       \
@@ -443,9 +479,7 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
 
 /* IQ4_XS super-block b's sub-blocks 2j and 2j + 1 as 64 unsigned codebook codes (IQ4_U8). */
 VNNI static inline __m512i iq4_xs_codes(const uint8_t *b, int j) {
-    const uint8_t *q = b + 8 + 32 * j;
-    return _mm512_shuffle_epi8(iq4_table(), nibble_pairs(_mm_loadu_si128((const __m128i *)q),
-                                                         _mm_loadu_si128((const __m128i *)(q + 16))));
+    return BOOK2(IQ4_U8, NIBBLES2(b + 8 + 32 * j, 0, 16));
 }
 
 /* IQ4_XS: eight sub-blocks of 32 (16 bytes of nibbles each, as IQ4_NL's), codebook values, 6-bit scales. */
@@ -528,6 +562,7 @@ typedef struct {
 #define GGML_VNNI_CALL_q5_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_k, MR)
 #define GGML_VNNI_CALL_q6_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q6_k, MR)
 #define GGML_VNNI_CALL_iq4_xs(MR) GGML_VNNI_CALL(ggml_row_vnni_iq4_xs, MR)
+#define GGML_VNNI_CALL_mxfp4(MR) GGML_VNNI_CALL(ggml_row_vnni_mxfp4, MR)
 
 static void ggml_slice_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a, int64_t M,
                             float *y, int64_t ld) {
@@ -550,6 +585,7 @@ VNNI static void ggml_slice_vnni(int64_t type, const uint8_t *blocks, int64_t n0
         GGML_VNNI_CASE(GGML_Q5_K, q5_k)
         GGML_VNNI_CASE(GGML_Q6_K, q6_k)
         GGML_VNNI_CASE(GGML_IQ4_XS, iq4_xs)
+        GGML_VNNI_CASE(GGML_MXFP4, mxfp4)
     }
 }
 
