@@ -25,12 +25,14 @@ ARCH = "gpt-oss"
 
 @pytest.fixture(scope="module")
 def reference():
-    """The tiny gpt-oss with YaRN's ramp truncated to whole dimensions: a GGUF has no `truncate`, and llama.cpp
-    always truncates (ggml_rope_yarn_corr_dims)."""
+    """The tiny gpt-oss as a GGUF can hold it: YaRN's ramp truncated to whole dimensions (a GGUF has no
+    `truncate`; llama.cpp always truncates, ggml_rope_yarn_corr_dims) and the SwiGLU clamp at gpt-oss's 7 (the
+    converter stores none; llama.cpp's graph has the constant)."""
     import transformers
 
     _, extra = TINY_CONFIGS["gpt_oss"]
-    config = transformers.GptOssConfig(**{**TINY_COMMON, **extra, "rope_parameters": {**extra["rope_parameters"], "truncate": True}})
+    rope = {**extra["rope_parameters"], "truncate": True}
+    config = transformers.GptOssConfig(**{**TINY_COMMON, **extra, "rope_parameters": rope, "swiglu_limit": 7.0})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -85,12 +87,13 @@ def converter_metadata(config) -> dict:
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["float", "mxfp4"])
 def test_a_gpt_oss_gguf_is_transformers_model(reference, tmp_path, mxfp4):
     path = write_gguf(tmp_path / "gpt-oss.gguf", ARCH, converter_metadata(reference.config), converter_tensors(reference, mxfp4))
-    llm = LLM(str(path), progress=False)
+    """Logits with float activations (the exact path); greedy tokens with the default 16-bit activation blocks."""
+    exact, llm = (LLM(str(path), progress=False, **options) for options in ({"activation_quantization": None}, {}))
     experts = llm.engine.model.model.layers[1].mlp.experts
     assert all(isinstance(e.gate_up_proj, GGMLLinear) for e in experts) == mxfp4
     assert [layer.self_attn.window for layer in llm.engine.model.model.layers] == [8, None, 8, None]
     with torch.no_grad():
         theirs = reference(torch.tensor([PROMPT])).logits[0]
-    torch.testing.assert_close(llm.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(exact.engine.score(PROMPT), theirs, atol=1e-4, rtol=0)
     ours = llm.generate([{"prompt_token_ids": PROMPT}], GREEDY)[0].outputs[0].token_ids
     assert ours == reference_greedy(reference, PROMPT)[0]

@@ -28,18 +28,24 @@ def test_decode_logits_and_32_greedy_tokens_match_transformers(case):
     assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT))
 
 
+def like(case, **options) -> LLM:
+    """Another LLM of the case's checkpoint, its activations met as the case's LLM meets them."""
+    path, _, llm = case
+    return LLM(str(path), progress=False, activation_quantization=llm.engine.config.activation_quantization, **options)
+
+
 @pytest.mark.parametrize("chunk", [5, 16])
 def test_chunked_prefill_matches_transformers(case, chunk):
-    path, reference, _ = case
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=chunk)
+    _, reference, _ = case
+    llm = like(case, max_num_batched_tokens=chunk)
     assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT))
 
 
 def test_batched_prompts_of_different_lengths_match_transformers(case):
     """Prefill chunks and decode rows of several sequences in one step; every block back in the pool after."""
-    path, reference, _ = case
+    _, reference, _ = case
     batch = [prompt(length, seed) for seed, length in enumerate([24, 9, 30, 17, 3])]
-    llm = LLM(str(path), progress=False, max_num_batched_tokens=40)
+    llm = like(case, max_num_batched_tokens=40)
     outputs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
     for tokens, out in zip(batch, outputs):
         assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]

@@ -21,6 +21,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from llmpipe.errors import ModelLoadError
+from llmpipe.loader.gguf_quants import mxfp4_from_hf
 from llmpipe.loader.hf_weights import SafetensorsWeights
 from llmpipe.quant.apply import GGML_FORMAT
 from llmpipe.quant.formats import GGMLWeight
@@ -108,8 +109,6 @@ class GptOssSafetensorsWeights(SafetensorsWeights):
         return (tensor.T if piece.kind == "weight" else tensor)[piece.rows].contiguous()
 
     def read_quantized(self, name: str) -> GGMLWeight:
-        from llmpipe.loader.gguf_quants import mxfp4_from_hf  # TODO(merge mxfp4): top-level import
-
         piece = self._slices[name]
         blocks = self._handles[piece.source].get_slice(piece.source)[piece.expert][piece.rows]
         scales_name = piece.source.removesuffix("_blocks") + "_scales"
