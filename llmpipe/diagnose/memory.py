@@ -18,6 +18,7 @@ from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.diagnose.costs import expert_share, read_share
 from llmpipe.kv_cache.paged import kv_bytes_per_token, num_blocks_for
 from llmpipe.loader.weight_names import expected_weight_shapes
+from llmpipe.models.gpt_oss.config import GptOssFields, alternating_layer_types
 from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import quant_plan
@@ -32,6 +33,14 @@ def _llama(hidden: int, inter: int, layers: int, heads: int, kv_heads: int | Non
 
 
 # Published configs (config.json of each model), for planning without the checkpoint.
+def _gpt_oss(layers: int, experts: int) -> ModelConfig:
+    return ModelConfig(
+        architecture="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=layers,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_theta=150000.0,
+        rope_scaling={"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": False},
+        attention_bias=True, sliding_window=128, layer_types=alternating_layer_types(layers), extra=GptOssFields(experts, 4))
+
+
 NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
     "llama-7b": _llama(4096, 11008, 32, 32),  # Llama 2 7B
     "llama-13b": _llama(5120, 13824, 40, 40),  # Llama 2 13B: the textbook "13B model" (40 layers, 5,120 hidden)
@@ -43,6 +52,9 @@ NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
         architecture="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
         qk_norm=True, extra=Qwen3MoeFields(128, 8, 768, True, (True,) * 48)),
+    # gpt-oss-20b / -120b: 32 / 128 experts of 2,880, 4 a token (3.6B of 20.9B, 5.1B of 116.8B parameters)
+    "gpt-oss-20b": _gpt_oss(24, 32),
+    "gpt-oss-120b": _gpt_oss(36, 128),
 }
 
 NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
@@ -57,7 +69,7 @@ class WeightBytes:
     quantized_params: int
     resident: int  # what the engine holds: quantized weights with their scales, the rest in dtype
     uniform: int  # every parameter at the nominal width, no scales: the textbook arithmetic
-    active_params: int = 0  # what one token reads: a mixture of experts' k of E experts (all for a dense model)
+    active_params: int = 0  # what one token reads: a mixture of experts' k of E experts, no untied embedding
     active_resident: int = 0  # their bytes: what batch-1 decode streams per token
 
 
@@ -88,7 +100,7 @@ def weight_bytes(cfg: ModelConfig, dtype: str, quantization: str | None = None, 
         else:
             nbytes = numel * dtype_bytes
         resident += nbytes
-        read = read_share(name, share)
+        read = read_share(cfg, name, share)
         active, active_resident = active + numel * read, active_resident + nbytes * read
     total = params or counted
     scale = total / counted

@@ -37,20 +37,18 @@ def test_seed_13b_kv_cache_per_token_and_at_4k():
     assert any("1 MiB" in note and "4 GiB" in note and "3.125 GiB" in note for note in plan.notes)
 
 
-PUBLISHED = {"llama-7b": 6_738_415_616, "llama-13b": 13_015_864_320, "qwen3-30b-a3b": 30_532_122_624}
+PUBLISHED = {"llama-7b": 6_738_415_616, "llama-13b": 13_015_864_320, "qwen3-30b-a3b": 30_532_122_624,
+             "gpt-oss-20b": 20_914_757_184, "gpt-oss-120b": 116_829_156_672}
 
 
 @pytest.mark.parametrize("arch", sorted(NAMED_ARCHITECTURES))
 def test_named_architectures_count_parameters_like_transformers(arch):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmpipe.loader.hf_config import hf_config_dict
 
     cfg = NAMED_ARCHITECTURES[arch]
-    common = dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                  num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-                  num_key_value_heads=cfg.num_key_value_heads, tie_word_embeddings=cfg.tie_word_embeddings)
-    moe = cfg.extra
-    hf = Qwen3MoeConfig(**common, head_dim=cfg.head_dim, num_experts=moe.num_experts, moe_intermediate_size=
-                        moe.moe_intermediate_size, num_experts_per_tok=moe.num_experts_per_tok) if moe else LlamaConfig(**common)
+    hf = AutoConfig.for_model(**hf_config_dict(cfg))  # the config.json llmpipe would write for it
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf)
     expected = sum(p.numel() for p in model.parameters())
@@ -61,22 +59,37 @@ def test_named_architectures_count_parameters_like_transformers(arch):
 
 
 def test_a_mixture_of_experts_reads_its_routed_experts_only():
-    """Qwen3-30B-A3B: 8 of 128 experts a token, 3.35 B of 30.5 B parameters (Qwen's "A3B"); a decode step of
-    16 tokens reads the experts any of them was routed to, 1 − (1 − 8/128)^16 of each layer's."""
+    """Qwen3-30B-A3B: 8 of 128 experts a token, 3.35 B of 30.5 B parameters (Qwen's "A3B"), of which a token
+    reads all but the embedding's other rows; a decode step of 16 tokens reads the experts any of them was
+    routed to, 1 − (1 − 8/128)^16 of each layer's."""
     from llmpipe.diagnose import costs
 
     cfg = NAMED_ARCHITECTURES["qwen3-30b-a3b"]
     weights = weight_bytes(cfg, "bfloat16")
-    experts = 48 * 128 * 3 * 2048 * 768
-    assert weights.active_params == weights.params - experts + experts * 8 // 128 == 3_353_032_704
+    experts, embedding = 48 * 128 * 3 * 2048 * 768, 151936 * 2048
+    assert weights.active_params + embedding == weights.params - experts + experts * 8 // 128 == 3_353_032_704
     assert weights.active_resident == 2 * weights.active_params
     assert costs.active_fraction(cfg) == pytest.approx(weights.active_params / weights.params)
     share16 = 1 - (1 - 8 / 128) ** 16
-    assert costs.active_fraction(cfg, 16) == pytest.approx((weights.params - experts * (1 - share16)) / weights.params)
-    # a token's matmuls: the active parameters but the embedding, the head (apart) and the norms
-    assert costs.decoder_linear_params(cfg) == weights.active_params - 2 * 151936 * 2048 - 48 * (2 * 2048 + 2 * 128) - 2048
+    assert costs.active_fraction(cfg, 16) == pytest.approx((weights.params - embedding - experts * (1 - share16)) / weights.params)
+    # a token's matmuls: the active parameters but the head (apart) and the norms
+    assert costs.decoder_linear_params(cfg) == weights.active_params - 151936 * 2048 - 48 * (2 * 2048 + 2 * 128) - 2048
     dense = NAMED_ARCHITECTURES["llama3-8b"]
-    assert costs.active_fraction(dense, 16) == 1.0 and weight_bytes(dense, "float32").active_params == 8_030_261_248
+    assert weights_read(dense, 16) == weights_read(dense, 1) == 8_030_261_248 - 128256 * 4096
+
+
+def weights_read(cfg, batch: int) -> float:
+    from llmpipe.diagnose import costs
+
+    return round(costs.active_fraction(cfg, batch) * weight_bytes(cfg, "float32").params)
+
+
+def test_gpt_oss_counts_its_published_parameters():
+    """gpt-oss-20b: 20.9 B parameters, 3.6 B active (OpenAI's count: 4 of 32 experts, no embedding); -120b:
+    116.8 B and 5.1 B."""
+    for arch, total, active in (("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)):
+        weights = weight_bytes(NAMED_ARCHITECTURES[arch], "bfloat16")
+        assert weights.params == pytest.approx(total, rel=1e-3) and weights.active_params == pytest.approx(active, rel=1e-2)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
