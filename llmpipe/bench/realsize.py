@@ -33,7 +33,8 @@ from llmpipe.bench.report import write_json
 logger = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "llmpipe" / "realsize"
-TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS")
+TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-oss's (experts MXFP4, the rest Q8_0)
+DEFAULT_TYPES = TYPES[:4]
 STEPS = ("decode", "prefill", "batched")
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
 PREFILL_TOKENS = 512
@@ -230,7 +231,7 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
     kv = args.kv_cache_memory or ("256MiB" if model == "llama-3.2-1b" else "1GiB")
     file_bytes = gguf.stat().st_size
     row: dict[str, Any] = {"model": model, "type": qtype, "file": str(gguf), "file_bytes": file_bytes,
-                           "bytes_per_token": round(file_bytes * active_share(model)),
+                           "bytes_per_token": bytes_per_token(gguf),
                            "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
     row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip)
@@ -239,11 +240,19 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
     return row
 
 
-def active_share(model: str) -> float:
-    """The share of a model's weights one decoded token reads: a mixture of experts' k of E experts (by
-    parameters: the file's types are about as wide for every tensor), all of a dense model's."""
-    shape = SHAPES.get(model)
-    return 1.0 if shape is None else shape.active_parameters() / shape.parameters()
+def bytes_per_token(gguf: Path) -> int:
+    """The bytes of the file one decoded token reads: each tensor's own (its type's), but a mixture of experts'
+    `*_exps` tensors' k of E experts and none of an embedding that is not also the LM head (a token looks up
+    one row)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf)
+    arch = reader.get_field("general.architecture").contents()
+    count, used = (reader.get_field(f"{arch}.expert_{key}") for key in ("count", "used_count"))
+    share = used.contents() / count.contents() if count is not None else 1.0
+    names = {t.name for t in reader.tensors}
+    return round(sum(int(t.n_bytes) * (share if "_exps." in t.name else 1.0) for t in reader.tensors
+                     if not (t.name == "token_embd.weight" and "output.weight" in names)))
 
 
 def read_through(path: Path, chunk: int = 1 << 24) -> None:
@@ -403,8 +412,8 @@ def report(rows: list[dict[str, Any]], args: Any) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES), metavar="TYPE",
-                        help=f"llama-quantize types (default: {' '.join(TYPES)})")
+    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(DEFAULT_TYPES), metavar="TYPE",
+                        help=f"llama-quantize types (default: {' '.join(DEFAULT_TYPES)})")
     parser.add_argument("--skip", nargs="*", choices=list(STEPS), default=[], help="measurements to leave out")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
     parser.add_argument("--kv-cache-memory", default=None, help="llmpipe's KV pool (default 1GiB, 256MiB for the 1B)")

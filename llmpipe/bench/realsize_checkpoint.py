@@ -2,10 +2,12 @@
 
 A benchmark of memory-bound decode needs the real byte counts and matrix shapes, not the real
 weights: the checkpoints here have the published configs of Llama-3.2-1B / 3B, Llama-3.1-8B,
-Qwen2.5-7B and Qwen3-30B-A3B (12 of its 48 layers, each at its real shapes: 128 experts of which a token
+Qwen2.5-7B, Qwen3-30B-A3B (12 of its 48 layers, each at its real shapes: 128 experts of which a token
 reads 8, so a token costs what it costs in the whole model's layers, times 12 / 48; the whole model
-would not fit in this machine's memory beside the benchmark), normal(0, 0.02) weights in bfloat16
-and a synthetic byte-level BPE tokenizer of the right vocabulary size. They are written a shard of a
+would not fit in this machine's memory beside the benchmark) and gpt-oss-20b (whole: 24 layers of 32
+experts, its experts in MXFP4 as OpenAI ships them), normal(0, 0.02) weights in bfloat16 (gpt-oss's
+experts: random E2M1 codes under exponents of about that spread) and a synthetic byte-level BPE
+tokenizer of the right vocabulary size. They are written a shard of a
 few tensors at a time (an 8B model never sits in memory whole) so that llama.cpp's own converter can
 turn them into GGUFs.
 """
@@ -36,7 +38,7 @@ class Shape:
     """One model's architecture as its config.json states it."""
 
     name: str
-    model_type: str  # "llama", "qwen2" or "qwen3_moe"
+    model_type: str  # "llama", "qwen2", "qwen3_moe" or "gpt_oss"
     hidden: int
     intermediate: int
     layers: int
@@ -62,13 +64,13 @@ class Shape:
 
     @property
     def qkv_bias(self) -> bool:
-        return self.model_type == "qwen2"
+        return self.model_type in ("qwen2", "gpt_oss")
 
     @property
     def bpe_pre(self) -> str:
         """The `tokenizer.ggml.pre` name of the real model's pre-tokenizer (llama.cpp's converter
         recognises a tokenizer by hashing real text, which a synthetic vocabulary cannot match)."""
-        return "llama-bpe" if self.model_type == "llama" else "qwen2"
+        return {"llama": "llama-bpe", "gpt_oss": "gpt-4o"}.get(self.model_type, "qwen2")
 
     def specials(self) -> list[str]:
         """The special tokens' strings in id order: the real model's first ones, then placeholders."""
@@ -80,7 +82,7 @@ class Shape:
         """config.json as the published checkpoint has it (legacy rope keys: what both the converter
         and transformers read)."""
         bos = self.regular_tokens
-        eos = bos + 1 if self.model_type == "llama" else bos
+        eos = {"llama": bos + 1, "gpt_oss": bos + 4}.get(self.model_type, bos)  # gpt-oss: <|return|>
         config: dict[str, Any] = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type, "hidden_size": self.hidden, "intermediate_size": self.intermediate,
@@ -100,6 +102,14 @@ class Shape:
                        "num_experts": self.experts, "num_experts_per_tok": self.experts_per_token,
                        "moe_intermediate_size": self.expert_intermediate, "norm_topk_prob": True,
                        "decoder_sparse_step": 1, "mlp_only_layers": []}
+        elif self.model_type == "gpt_oss":  # openai/gpt-oss-20b's config.json
+            config |= {"head_dim": self.head_dim, "attention_bias": True, "sliding_window": 128,
+                       "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(self.layers)],
+                       "rope_scaling": self.rope_scaling, "num_local_experts": self.experts,
+                       "num_experts_per_tok": self.experts_per_token, "experts_per_token": self.experts_per_token,
+                       "swiglu_limit": 7.0, "pad_token_id": bos + 1,
+                       "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+                           "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
         else:
             config |= {"use_sliding_window": False, "sliding_window": self.max_position,
                        "max_window_layers": self.layers, "rope_scaling": None}
@@ -117,11 +127,16 @@ class Shape:
                 if self.qkv_bias:
                     yield p + f"self_attn.{proj}.bias", (rows,)
             yield p + "self_attn.o_proj.weight", (self.hidden, q)
+            if self.model_type == "gpt_oss":
+                yield p + "self_attn.o_proj.bias", (self.hidden,)
+                yield p + "self_attn.sinks", (self.heads,)
             if self.model_type == "qwen3_moe":
                 yield p + "self_attn.q_norm.weight", (self.head_dim,)
                 yield p + "self_attn.k_norm.weight", (self.head_dim,)
             yield p + "post_attention_layernorm.weight", (self.hidden,)
-            if self.experts:
+            if self.model_type == "gpt_oss":
+                yield from self._gpt_oss_experts(p + "mlp.")
+            elif self.experts:
                 yield p + "mlp.gate.weight", (self.experts, self.hidden)
                 for e in range(self.experts):
                     yield from self._mlp(f"{p}mlp.experts.{e}.", self.expert_intermediate)
@@ -131,20 +146,31 @@ class Shape:
         if not self.tie_embeddings:
             yield "lm_head.weight", (self.vocab, self.hidden)
 
+    def _gpt_oss_experts(self, prefix: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """The router and the experts as OpenAI ships them: MXFP4 blocks and scales (uint8) of each 3-D
+        weight [experts, out, in / 32, 16] / [experts, out, in / 32], float biases."""
+        inner, hidden, experts = self.expert_intermediate, self.hidden, self.experts
+        yield prefix + "router.weight", (experts, hidden)
+        yield prefix + "router.bias", (experts,)
+        for proj, rows, columns in (("gate_up_proj", 2 * inner, hidden), ("down_proj", hidden, inner)):
+            yield prefix + f"experts.{proj}_blocks", (experts, rows, columns // 32, 16)
+            yield prefix + f"experts.{proj}_scales", (experts, rows, columns // 32)
+            yield prefix + f"experts.{proj}_bias", (experts, rows)
+
     def _mlp(self, prefix: str, inner: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield prefix + "gate_proj.weight", (inner, self.hidden)
         yield prefix + "up_proj.weight", (inner, self.hidden)
         yield prefix + "down_proj.weight", (self.hidden, inner)
 
     def parameters(self) -> int:
-        return sum(_numel(shape) for _, shape in self.tensors())
+        """Weights, an MXFP4 block's 16 bytes counted as its 32 weights (its scales as none)."""
+        return sum(_numel(shape) * (2 if name.endswith("_blocks") else 0 if name.endswith("_scales") else 1)
+                   for name, shape in self.tensors())
 
-    def active_parameters(self) -> int:
-        """What one token reads: every tensor but the experts it is not routed to."""
-        if not self.experts:
-            return self.parameters()
-        expert = 3 * self.hidden * self.expert_intermediate
-        return self.parameters() - self.layers * (self.experts - self.experts_per_token) * expert
+
+GPT_OSS_SPECIALS = ("<|startoftext|>", "<|endoftext|>", "<|reserved_200000|>", "<|reserved_200001|>", "<|return|>",
+                    "<|constrain|>", "<|reserved_200004|>", "<|channel|>", "<|start|>", "<|end|>", "<|message|>",
+                    "<|reserved_200009|>", "<|reserved_200010|>", "<|reserved_200011|>", "<|call|>")
 
 
 def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, factor: float, tie: bool) -> Shape:
@@ -152,7 +178,8 @@ def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, f
                  500000.0, 1e-5, 131072, tie, LLAMA3_ROPE | {"factor": factor})
 
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                 "gpt_oss": "GptOssForCausalLM"}
 QWEN3_SPECIALS = (*QWEN2_SPECIALS, "<|object_ref_start|>")
 SHAPES: dict[str, Shape] = {
     "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 32.0, True),
@@ -164,6 +191,11 @@ SHAPES: dict[str, Shape] = {
     "qwen3-30b-a3b-12l": Shape("qwen3-30b-a3b-12l", "qwen3_moe", 2048, 6144, 12, 32, 4, 151936, 151643, 26,
                                QWEN3_SPECIALS, 1000000.0, 1e-6, 40960, False, explicit_head_dim=128, experts=128,
                                experts_per_token=8, expert_intermediate=768),
+    "gpt-oss-20b": Shape("gpt-oss-20b", "gpt_oss", 2880, 2880, 24, 64, 8, 201088, 199998, 1090, GPT_OSS_SPECIALS,
+                         150000.0, 1e-5, 131072, False, explicit_head_dim=64, experts=32, experts_per_token=4,
+                         expert_intermediate=2880,
+                         rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "truncate": False, "original_max_position_embeddings": 4096}),
 }
 
 
@@ -191,11 +223,19 @@ def shard_groups(tensors: list[tuple[str, tuple[int, ...]]], shard_bytes: int = 
 
 
 def random_tensor(name: str, shape: tuple[int, ...], generator: "torch.Generator", std: float) -> "torch.Tensor":
-    """Norm weights at one (as trained models keep them near), everything else normal(0, std)."""
+    """Norm weights at one (as trained models keep them near), MXFP4 blocks random E2M1 codes under exponents
+    that give them about `std` (the codes' RMS is 2.9), everything else normal(0, std)."""
+    import math
+
     import torch
 
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=torch.bfloat16)
+    if name.endswith("_blocks"):
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
+    if name.endswith("_scales"):
+        exponent = 127 + round(math.log2(std / 2.9))
+        return torch.randint(exponent - 1, exponent + 2, shape, dtype=torch.uint8, generator=generator)
     return torch.empty(shape, dtype=torch.bfloat16).normal_(0.0, std, generator=generator)
 
 
