@@ -18,4 +18,4 @@ def test_the_python_side_reads_the_decode_step_layout_from_it():
     assert decode_step.LINEAR_SLOTS == ABI["LINEAR_WORDS"] and decode_step.TABLE_WORD == ABI["LAYER_TABLE_WORD"]
     assert (decode_step.F32, decode_step.GGML, decode_step.ACTS["silu"]) == (ABI["KIND_F32"], ABI["KIND_GGML"],
                                                                              ABI["ACT_SILU"])
-    assert ABI["LAYER_WORDS"] == 2 + 4 * ABI["LINEAR_WORDS"] + 4 + 4 + 2
+    assert ABI["LAYER_WORDS"] == 2 + 4 * ABI["LINEAR_WORDS"] + 4 + 5 + 2

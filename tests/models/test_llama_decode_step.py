@@ -83,15 +83,17 @@ def test_float_model_matches_layer_by_layer(tiny_checkpoint, name):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_a_mixture_of_experts_matches_layer_by_layer(tiny_checkpoint, threads):
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
+def test_a_mixture_of_experts_matches_layer_by_layer(tiny_checkpoint, threads, name):
     """Qwen3-MoE's experts in the step: the router's softmax top-3 of 8, renormalized, each expert that
     got rows run once on them (SwiGLU, then its down projection, weighted, added into each row's residual)
     — the layered path's `layers/moe.py` to float32 rounding, alone and batched (three rows sharing some
-    experts), on 1 to 3 threads."""
+    experts), on 1 to 3 threads. gpt-oss's too: a biased router, biased experts with the clamped SwiGLU
+    (cutting in), sinks in every layer's attention and windows on every other layer."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        llm = LLM(str(tiny_checkpoint("qwen3_moe")), progress=False)
+        llm = LLM(str(tiny_checkpoint(name)), progress=False)
         assert llm.engine.model.model.decode_step() is not None
         assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS[:1])
         assert_matches_layered(llm, atol=2e-5, prompts=PROMPTS)

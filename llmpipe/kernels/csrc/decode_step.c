@@ -67,16 +67,17 @@ typedef struct {
     const uint8_t *panels; /* with bits: the codes also in lowbit_panels.h's panels, for batches (NULL: none) */
 } LinearDesc;
 
-enum { SILU = ACT_SILU, GELU_TANH = ACT_GELU_TANH };
+enum { SILU = ACT_SILU, GELU_TANH = ACT_GELU_TANH, CLAMPED_SWIGLU = ACT_CLAMPED_SWIGLU };
 
 typedef struct {
     const float *input_norm, *post_norm; /* before attention, before the MLP */
     LinearDesc qkv, o, gate_up, down;
     const float *q_norm, *k_norm;              /* each q / k head's, before RoPE (NULL: none) */
     const float *attn_out_norm, *mlp_out_norm; /* the attention's / MLP's output, before its residual add (NULL: none) */
-    int64_t act;    /* SILU or GELU_TANH */
+    int64_t act;    /* SILU, GELU_TANH or CLAMPED_SWIGLU */
     int64_t rope;   /* which of the R cos / sin tables */
     int64_t window; /* sliding window (0: none) */
+    const float *sinks; /* [H]: each head's sink logit in its softmax's denominator (NULL: none) */
     int64_t table;  /* which of the S block-table sets */
     void *kv_cache;      /* float32, or int8 codes */
     uint16_t *kv_scales; /* int8 caches: their float16 scales (NULL: float32) */
@@ -84,7 +85,8 @@ typedef struct {
 
 typedef struct {
     int64_t experts, top_k, renormalize; /* renormalize: the top-k probabilities rescaled to sum to 1 */
-    LinearDesc router;                   /* F32 [experts, hidden] */
+    double swiglu_alpha, swiglu_limit;   /* CLAMPED_SWIGLU's */
+    LinearDesc router;                   /* F32 [experts, hidden] (its bias may be set) */
     LinearDesc expert[];                 /* each expert's gate_up, then each one's down */
 } ExpertsDesc;
 
@@ -389,28 +391,40 @@ static inline __m256 sigmoid8(__m256 z) {
     return _mm256_blendv_ps(inv, _mm256_mul_ps(t, inv), z); /* z's sign bit picks t / (1 + t) */
 }
 
+/* An activation: its kind and, for CLAMPED_SWIGLU, its sigmoid gain and clamp. */
+typedef struct {
+    int64_t kind;
+    float alpha, limit;
+} Act;
+
 /* f(g) · u for 8 lanes: SiLU g · sigmoid(g), or GELU with the tanh approximation, 0.5 g (1 + tanh(w))
- * with w = √(2/π) (g + 0.044715 g³), as g · sigmoid(2w) (the same function: 1 + tanh(w) = 2 sigmoid(2w)).
+ * with w = √(2/π) (g + 0.044715 g³), as g · sigmoid(2w) (the same function: 1 + tanh(w) = 2 sigmoid(2w)),
+ * or gpt-oss's clamped SwiGLU, g ≤ limit and |u| ≤ limit, then g · sigmoid(alpha g) · (u + 1).
  * Vectorized, where libm's tanhf / expf a lane at a time took ~20 us for Gemma 3's 1,024 a thread per
  * layer (0.36 ms a token); within a few float32 ulps of PyTorch's (Sleef's) functions. */
-static inline __m256 act_times(int64_t kind, __m256 g, __m256 u) {
+static inline __m256 act_times(Act act, __m256 g, __m256 u) {
     __m256 z = g;
-    if (kind == GELU_TANH) {
+    if (act.kind == GELU_TANH) {
         const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
         z = _mm256_mul_ps(_mm256_set1_ps(2.0f * 0.7978845608028654f), _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), cube, g));
+    } else if (act.kind == CLAMPED_SWIGLU) {
+        const __m256 limit = _mm256_set1_ps(act.limit);
+        g = _mm256_min_ps(g, limit);
+        u = _mm256_add_ps(_mm256_max_ps(_mm256_min_ps(u, limit), _mm256_sub_ps(_mm256_setzero_ps(), limit)), _mm256_set1_ps(1.0f));
+        z = _mm256_mul_ps(g, _mm256_set1_ps(act.alpha));
     }
     return _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(z)), u);
 }
 
-/* out[n] = f(g[n]) * u[n] for n < width (f: SiLU or GELU-tanh). */
-static void act_rows(int64_t kind, const float *g, const float *u, float *out, int64_t width) {
+/* out[n] = f(g[n]) * u[n] for n < width (act_times' f). */
+static void act_rows(Act act, const float *g, const float *u, float *out, int64_t width) {
     int64_t n = 0;
     for (; n + 8 <= width; n += 8)
-        _mm256_storeu_ps(out + n, act_times(kind, _mm256_loadu_ps(g + n), _mm256_loadu_ps(u + n)));
+        _mm256_storeu_ps(out + n, act_times(act, _mm256_loadu_ps(g + n), _mm256_loadu_ps(u + n)));
     if (n < width) { /* the last few through a zero-padded lane set */
         float gl[8] = {0}, ul[8] = {0}, ol[8];
         memcpy(gl, g + n, sizeof(float) * (width - n)), memcpy(ul, u + n, sizeof(float) * (width - n));
-        _mm256_storeu_ps(ol, act_times(kind, _mm256_loadu_ps(gl), _mm256_loadu_ps(ul)));
+        _mm256_storeu_ps(ol, act_times(act, _mm256_loadu_ps(gl), _mm256_loadu_ps(ul)));
         memcpy(out + n, ol, sizeof(float) * (width - n));
     }
 }
@@ -427,7 +441,7 @@ static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64
     float *gate = s->y;
     s->y = s->y2, s->y2 = gate; /* the up slice goes to the other buffer */
     linear_slice(w, x, B, I + n0, I + n1, s);
-    for (int64_t m = 0; m < B; m++) act_rows(kind, gate + m * width, s->y + m * width, act + m * I + n0, width);
+    for (int64_t m = 0; m < B; m++) act_rows((Act){kind, 0, 0}, gate + m * width, s->y + m * width, act + m * I + n0, width);
 }
 
 /* A token's experts: the top_k of softmax(logits), their weights the probabilities (renormalized over the
@@ -468,6 +482,7 @@ static void experts_mlp(const LayerDesc *layer, const float *xn, int64_t B, int6
                         float *act, float *gathered, Scratch *s) {
     const ExpertsDesc *d = layer->gate_up.weight;
     const int64_t E = d->experts, k = d->top_k, I = d->expert[0].N / 2, pairs = B * k;
+    const Act glu = {layer->act, (float)d->swiglu_alpha, (float)d->swiglu_limit};
     linear_into(&d->router, xn, B, logits, E, 0, s);
 #pragma omp barrier
     int64_t *ids = malloc(sizeof(int64_t) * pairs), *order = malloc(sizeof(int64_t) * pairs);
@@ -494,7 +509,7 @@ static void experts_mlp(const LayerDesc *layer, const float *xn, int64_t B, int6
             s->y = s->y2, s->y2 = gate;
             expert_slice(gate_up, gathered, rows, I + n0, I + n1, s);
             for (int64_t r = 0; r < rows; r++)
-                act_rows(layer->act, gate + r * width, s->y + r * width, act + (first[e] + r) * I + n0, width);
+                act_rows(glu, gate + r * width, s->y + r * width, act + (first[e] + r) * I + n0, width);
         }
     }
 #pragma omp barrier
@@ -587,7 +602,8 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             const int64_t cache_half = num_blocks * block_stride; /* V's elements after K's (scales: / D) */
             const int64_t *layer_slots = slots + layer->table * B, *layer_lens = lens + layer->table * B;
             const int64_t *layer_tables = tables + layer->table * B * table_width, window = layer->window;
-            const DecodeAttention a = {{layer->kv_cache, layer->kv_scales, H, KVH, D, num_blocks, block_size, scale},
+            const DecodeAttention a = {{layer->kv_cache, layer->kv_scales, H, KVH, D, num_blocks, block_size, scale,
+                                        layer->sinks},
                                        qkv, width, B, table_width, window, layer_tables, layer_lens, attn, part_out,
                                        part_stats};
             prefetch_attention(&a); /* the keys and values arrive while qkv's weights stream */

@@ -55,8 +55,6 @@ class GptOssDecoderLayer(LlamaDecoderLayer):
 
 
 class GptOssModel(LlamaModel):
-    fuses_decode = False  # the C decode step has neither sinks nor biased, clamped experts
-
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return GptOssDecoderLayer(cfg, layer)
 

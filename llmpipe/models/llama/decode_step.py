@@ -1,5 +1,5 @@
 """A Llama-family decode step in one C call (kernels/csrc/decode_step.c), the torch op `llmpipe::decode_step`
-(kernels/csrc/ops.cpp): Llama, Mistral, Qwen 2/3 and Gemma 3 bodies.
+(kernels/csrc/ops.cpp): Llama, Mistral, Qwen 2/3, Gemma 3, Qwen3-MoE and gpt-oss bodies.
 
 At batch 1 a decode step is ~7 small matrix-vector products per layer plus norms, RoPE and
 attention: run as one PyTorch or kernel op call each, with Python between them, the calls cost more
@@ -19,6 +19,8 @@ other families — and is what this step is tested against.
 """
 
 from __future__ import annotations
+
+import struct
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +50,7 @@ LINEAR_SLOTS = ABI["LINEAR_WORDS"]  # LinearDesc: kind, bits, weight, scale, off
 ACTS = {"silu": ABI["ACT_SILU"], "swish": ABI["ACT_SILU"], "gelu_pytorch_tanh": ABI["ACT_GELU_TANH"],
         "gelu_new": ABI["ACT_GELU_TANH"]}
 TABLE_WORD = ABI["LAYER_TABLE_WORD"]  # LayerDesc.table: the layer's block-table set, set per step
+CLAMPED_SWIGLU = ABI["ACT_CLAMPED_SWIGLU"]  # gpt-oss's experts' (their `limit` and `alpha`)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -94,21 +97,29 @@ def norm_multiplier(norm: nn.Module | None, eps: float) -> torch.Tensor | None:
 
 
 def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
-    """A mixture of experts' MLP (layers/moe.py: `gate`, `experts`) as the LinearDesc words its gate_up and down
-    slots both hold, and the ExpertsDesc they point at; None where the kernel does not run it."""
-    router, experts = mlp.gate, mlp.experts
+    """A mixture of experts' MLP (layers/moe.py's router, as `gate` or `router`, and `experts`) as the LinearDesc
+    words its gate_up and down slots both hold, and the ExpertsDesc they point at; None where the kernel does not
+    run it."""
+    router, experts = getattr(mlp, "router", None) or mlp.gate, mlp.experts
     if hasattr(mlp, "shared_expert"):  # Qwen2-MoE's gated shared expert: the layered path
         return None
-    weight, (count, hidden) = router.weight, router.weight.shape
-    if weight.dtype != torch.float32 or not weight.is_contiguous() or hidden % 16:
+    (weight, bias), (count, hidden) = (router.weight, router.bias), router.weight.shape
+    if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in (weight, bias)) or hidden % 16:
         return None
+    router_slots = [F32, 0, weight.data_ptr(), 0, 0, _ptr(bias), count, hidden, hidden, 0]
     linears = [linear_slots(e.gate_up_proj) for e in experts] + [linear_slots(e.down_proj) for e in experts]
     if any(slots is None for slots in linears) or len({slots[1] for slots in linears}) != 1:
         return None
-    desc = torch.tensor([count, router.top_k, int(router.renormalize), F32, 0, weight.data_ptr(), 0, 0, 0,
-                         count, hidden, hidden, 0, *sum(linears, [])], dtype=torch.int64)
+    clamp = [float_bits(getattr(experts[0], name, 0.0)) for name in ("alpha", "limit")]  # gpt-oss's SwiGLU
+    desc = torch.tensor([count, router.top_k, int(router.renormalize), *clamp, *router_slots, *sum(linears, [])],
+                        dtype=torch.int64)
     inner = experts[0].down_proj.in_features
     return [EXPERTS, linears[0][1], desc.data_ptr(), 0, 0, 0, 2 * router.top_k * inner, hidden, 0, 0], desc
+
+
+def float_bits(value: float) -> int:
+    """A float64's bits as the int64 word a descriptor holds it in."""
+    return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
 def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[torch.Tensor]] | None:
@@ -122,12 +133,14 @@ def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[tor
             m is None for n, m in zip(norms[required:], multipliers[required:]) if n is not None):
         return None
     extra = [m for m in multipliers if m is not None]
+    act = ACTS[cfg.hidden_act]
     if hasattr(mlp, "experts"):  # a mixture of experts: no norm on its output
         experts = experts_slots(mlp) if norms[3] is None else None
         if experts is None:
             return None
         mlp_slots = [experts[0], experts[0]]
         extra.append(experts[1])
+        act = CLAMPED_SWIGLU if hasattr(mlp.experts[0], "limit") else act
     else:
         mlp_slots = [linear_slots(mlp.gate_up_proj), linear_slots(mlp.down_proj)]
     linears = [linear_slots(attn.qkv_proj), linear_slots(attn.o_proj), *mlp_slots]
@@ -135,8 +148,13 @@ def layer_slots(layer: nn.Module, cfg: ModelConfig) -> tuple[list[int], list[tor
         return None
     input_norm, mlp_norm, attn_out, mlp_out, q_norm, k_norm = (_ptr(m) for m in multipliers)
     rope = layer.decode_step_rope()
-    words = [input_norm, mlp_norm, *sum(linears, []), q_norm, k_norm, attn_out, mlp_out, ACTS[cfg.hidden_act], rope,
-             attn.window or 0, 0]
+    sinks = getattr(attn, "sinks", None)
+    if sinks is not None:
+        if sinks.dtype != torch.float32 or not sinks.is_contiguous():
+            return None
+        extra.append(sinks)
+    words = [input_norm, mlp_norm, *sum(linears, []), q_norm, k_norm, attn_out, mlp_out, act, rope, attn.window or 0,
+             _ptr(sinks), 0]
     return words, extra
 
 
