@@ -63,8 +63,8 @@ bench-peers: $(TESTENV)
 	  --variants gguf "gguf int8-act" --batch-size 0 --no-baseline --output bench_results/peers.json
 
 # Random-weight GGUFs at the shapes of Llama-3.2-1B/3B, Llama-3.1-8B, Qwen2.5-7B and 12 of Qwen3-30B-A3B's 48 layers
-# (Q4_K_M, Q8_0, Q5_K_M, IQ4_XS), made once with llama.cpp's own converter and llama-quantize into
-# ~/.cache/llmpipe/realsize (hours and ~80 GB the first time), then llmpipe vs llama.cpp on each, each engine in a fresh process: load, peak RSS, tg128, pp512,
+# (Q4_K_M, Q8_0, Q5_K_M, IQ4_XS) and of gpt-oss-20b (MXFP4_MOE), made once with llama.cpp's own converter and
+# llama-quantize into ~/.cache/llmpipe/realsize (hours and ~90 GB the first time), then llmpipe vs llama.cpp on each, each engine in a fresh process: load, peak RSS, tg128, pp512,
 # 16 prompts batched. A benchmark extra: never part of `make test`. REALSIZE_ARGS="--models llama-3.2-1b" narrows it.
 bench-realsize: $(BENCHENV)
 	$(VENV)/bin/llmpipe bench realsize $(REALSIZE_ARGS) --json bench_results/realsize.json --plot bench_results/realsize.png

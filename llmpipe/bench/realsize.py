@@ -33,8 +33,7 @@ from llmpipe.bench.report import write_json
 logger = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "llmpipe" / "realsize"
-TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-oss's (experts MXFP4, the rest Q8_0)
-DEFAULT_TYPES = TYPES[:4]
+TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-oss's only (experts MXFP4, the rest Q8_0)
 STEPS = ("decode", "prefill", "batched")
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
 PREFILL_TOKENS = 512
@@ -360,7 +359,10 @@ def main(args: Any) -> None:
     warn_if_built_with_amx()
     rows: list[dict[str, Any]] = []
     for model in args.models:
-        paths = prepare(model, args.types, Path(args.cache), args.threads, args.keep_bf16)
+        types = [t for t in args.types if SHAPES[model].takes(t)]
+        if not types:
+            continue
+        paths = prepare(model, types, Path(args.cache), args.threads, args.keep_bf16)
         for qtype, path in paths.items():
             print(f"{model} {qtype}: {path} ({path.stat().st_size / GiB:.2f} GiB)", flush=True)
         if not args.prepare_only:  # the bandwidth right before the measurements, not while quantizing
@@ -412,8 +414,8 @@ def report(rows: list[dict[str, Any]], args: Any) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(DEFAULT_TYPES), metavar="TYPE",
-                        help=f"llama-quantize types (default: {' '.join(DEFAULT_TYPES)})")
+    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES), metavar="TYPE",
+                        help=f"llama-quantize types (default: {' '.join(TYPES)}; each model the ones it takes)")
     parser.add_argument("--skip", nargs="*", choices=list(STEPS), default=[], help="measurements to leave out")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
     parser.add_argument("--kv-cache-memory", default=None, help="llmpipe's KV pool (default 1GiB, 256MiB for the 1B)")

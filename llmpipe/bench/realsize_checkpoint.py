@@ -162,6 +162,11 @@ class Shape:
         yield prefix + "up_proj.weight", (inner, self.hidden)
         yield prefix + "down_proj.weight", (self.hidden, inner)
 
+    def takes(self, qtype: str) -> bool:
+        """Whether llama-quantize makes `qtype` of this model: gpt-oss's experts ship as MXFP4 (MXFP4_MOE keeps
+        them, the rest Q8_0), which the other types would have to requantize; the dense models are not MoE."""
+        return (qtype == "MXFP4_MOE") == (self.model_type == "gpt_oss")
+
     def parameters(self) -> int:
         """Weights, an MXFP4 block's 16 bytes counted as its 32 weights (its scales as none)."""
         return sum(_numel(shape) * (2 if name.endswith("_blocks") else 0 if name.endswith("_scales") else 1)
