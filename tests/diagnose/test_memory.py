@@ -71,7 +71,8 @@ def test_a_mixture_of_experts_reads_its_routed_experts_only():
     assert weights.active_resident == 2 * weights.active_params
     assert costs.active_fraction(cfg) == pytest.approx(weights.active_params / weights.params)
     share16 = 1 - (1 - 8 / 128) ** 16
-    assert costs.active_fraction(cfg, 16) == pytest.approx((weights.params - embedding - experts * (1 - share16)) / weights.params)
+    read16 = weights.params - embedding - experts * (1 - share16)
+    assert costs.active_fraction(cfg, 16) == pytest.approx(read16 / weights.params)
     # a token's matmuls: the active parameters but the head (apart) and the norms
     assert costs.decoder_linear_params(cfg) == weights.active_params - 151936 * 2048 - 48 * (2 * 2048 + 2 * 128) - 2048
     dense = NAMED_ARCHITECTURES["llama3-8b"]

@@ -20,7 +20,7 @@ from llmpipe.layers.attention import (AttentionMetadata, PrefillChunk, paged_att
 from llmpipe.loader import load_checkpoint
 from llmpipe.quant.linear import GGMLLinear
 from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
-from tests.models.parity_suite import GREEDY, PROMPT
+from tests.models.parity_suite import GREEDY
 from tests.utils import TINY_CONFIGS, build_checkpoint, prompt, reference_greedy
 
 PROJECTIONS = ("gate_up_proj", "down_proj")
@@ -133,8 +133,8 @@ def test_sinks_in_prefill_and_decode_attention_match_the_definition(window):
         slots1 = [tables[1][p // block] * block + p % block for p in range(9)]
         flat[0, slots1[:5]], flat[1, slots1[:5]] = ctx
         slots = [tables[0][p // block] * block + p % block for p in range(13)] + slots1[5:]
-        meta = AttentionMetadata(torch.tensor(slots), 0, None, None,
-                                 [PrefillChunk(0, 13, 13, torch.tensor(tables[0])), PrefillChunk(13, 17, 9, torch.tensor(tables[1]))])
+        chunks = [PrefillChunk(0, 13, 13, torch.tensor(tables[0])), PrefillChunk(13, 17, 9, torch.tensor(tables[1]))]
+        meta = AttentionMetadata(torch.tensor(slots), 0, None, None, chunks)
         out = paged_attention(q, k, v, cache, meta, 0.3, window, sinks)
         positions = list(range(13)) + list(range(5, 9))
         token_tables = [tables[0]] * 13 + [tables[1]] * 4
