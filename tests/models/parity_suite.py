@@ -28,6 +28,20 @@ def test_decode_logits_and_32_greedy_tokens_match_transformers(case):
     assert_greedy_run_matches(llm, PROMPT, reference_greedy(reference, PROMPT))
 
 
+def assert_prefix_hits_and_preemption_keep_the_reference(case, max_num_blocks: int) -> None:
+    """Prompts sharing a 32-token prefix (hits after the first), in a pool of `max_num_blocks` blocks of 16, too
+    small for all of them at once (preempted and recomputed): each continuation is still transformers'."""
+    path, reference, _ = case
+    shared = prompt(32, 11)
+    batch = [shared + prompt(6, 20 + i)[1:] for i in range(4)]
+    llm = LLM(str(path), progress=False, block_size=16, max_num_blocks=max_num_blocks, enable_prefix_caching=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
+    for tokens, out in zip(batch, outputs):
+        assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
+    stats = llm.engine.stats()
+    assert stats.prefix_cache_hits > 0 and stats.num_preemptions > 0
+
+
 def like(case, **options) -> LLM:
     """Another LLM of the case's checkpoint, its activations met as the case's LLM meets them."""
     path, _, llm = case

@@ -16,10 +16,9 @@ from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.models.qwen3_moe import QWEN3_MOE
 from llmpipe.models.registry import family_of
 from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
-from tests.models.parity_suite import GREEDY, PROMPT
+from tests.models.parity_suite import PROMPT, assert_prefix_hits_and_preemption_keep_the_reference
 from tests.models.test_families import saved_shapes
-from tests.utils import (TINY_CONFIGS, build_checkpoint, prompt,
-                         reference_case, reference_greedy)
+from tests.utils import (TINY_CONFIGS, build_checkpoint, reference_case)
 
 
 
@@ -51,17 +50,7 @@ def case(request, checkpoints):
 
 
 def test_prefix_cache_hits_and_preemption_give_the_reference_tokens(case):
-    """Prompts sharing a 32-token prefix (hits after the first), in a pool too small for all of them at
-    once (preempted and recomputed): each continuation is still transformers'."""
-    path, reference, _ = case
-    shared = prompt(32, 11)
-    batch = [shared + prompt(6, 20 + i)[1:] for i in range(4)]
-    llm = LLM(str(path), progress=False, block_size=16, max_num_blocks=9, enable_prefix_caching=True)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], GREEDY)
-    for tokens, out in zip(batch, outputs):
-        assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
-    stats = llm.engine.stats()
-    assert stats.prefix_cache_hits > 0 and stats.num_preemptions > 0
+    assert_prefix_hits_and_preemption_keep_the_reference(case, max_num_blocks=9)
 
 
 def test_config_reads_the_experts_and_the_dense_layers(checkpoints):
