@@ -157,23 +157,42 @@ def prefill_attention(
 
 def _prefill_with_sinks(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
                         scale: float, sinks: torch.Tensor) -> torch.Tensor:
-    """prefill_attention with sinks: PyTorch's CPU flash kernel gives each row's logsumexp beside its output
-    (no [new, context] score matrix is held), and the output is scaled by sigmoid(logsumexp − sink)."""
+    """prefill_attention with sinks: the plain attention and each row's logsumexp, the output scaled by
+    sigmoid(logsumexp − sink)."""
     num_new, heads = q.shape[:2]
     group = heads // keys.shape[1]
-    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1).unsqueeze(0) for t in (keys, values))
+    k, v = (t.repeat_interleave(group, dim=1).transpose(0, 1) for t in (keys, values))
+    attend = _flash_with_lse if q.device.type == "cpu" else _math_with_lse
+    out, lse = attend(q.transpose(0, 1), k, v, mask, scale)  # [heads, new, D], [heads, new]
+    kept = torch.sigmoid(lse - sinks.float()[:, None])  # the weight not given to the sink
+    return (out * kept.unsqueeze(-1).to(out.dtype)).transpose(0, 1).reshape(num_new, -1)
+
+
+def _flash_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch's CPU flash kernel, which returns each row's logsumexp beside its output (no [new, context]
+    score matrix held). q, k, v: [heads, tokens, D]; mask as _causal_mask's (None: causal, or one token)."""
     bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(0, 1).unsqueeze(0), k, v, is_causal=mask is None and num_new > 1,
-        attn_mask=None if bias is None else bias.expand(1, heads, *bias.shape), scale=scale)
-    kept = torch.sigmoid(lse[0] - sinks.float()[:, None])  # [heads, new]: the weight not given to the sink
-    return (out[0] * kept.unsqueeze(-1).to(out.dtype)).transpose(0, 1).reshape(num_new, -1)
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), is_causal=mask is None and q.shape[1] > 1,
+        attn_mask=None if bias is None else bias.expand(1, q.shape[0], *bias.shape), scale=scale)
+    return out[0], lse[0]
 
 
-def _causal_mask(start: int, num_new: int, end: int, window: int | None, device) -> torch.Tensor | None:
+def _math_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """_flash_with_lse's results from the whole score matrix, in float32: the path off the CPU."""
+    scores = (q.float() @ k.float().transpose(1, 2)) * scale
+    if mask is None:
+        mask = _causal_mask(0, q.shape[1], k.shape[1], None, q.device, always=True)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(-1) @ v.float()).to(q.dtype), scores.logsumexp(-1)
+
+
+def _causal_mask(start: int, num_new: int, end: int, window: int | None, device, always: bool = False) -> torch.Tensor | None:
     """Boolean [new, end] mask (True = may attend), or None where SDPA's own causal mask is exact
-    (a chunk with no cached prefix and no window cutting in)."""
-    if start == 0 and (window is None or end <= window):
+    (a chunk with no cached prefix and no window cutting in) unless `always`."""
+    if start == 0 and (window is None or end <= window) and not always:
         return None
     query_pos = torch.arange(start, end, device=device)[:, None]
     key_pos = torch.arange(end, device=device)[None, :]

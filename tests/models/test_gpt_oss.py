@@ -141,3 +141,16 @@ def test_sinks_in_prefill_and_decode_attention_match_the_definition(window):
         out = paged_attention(decode_q, decode_k, decode_v, cache, meta, 0.3, window, sinks)
         expected = reference_paged_attention(decode_q, cache, tables, [13, 9], 0.3, window, sinks)
         torch.testing.assert_close(out, expected, atol=1e-5 if dtype == torch.float32 else 2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("cached", [0, 6])
+def test_the_sink_attention_off_the_cpu_computes_what_the_flash_kernel_does(cached):
+    """The path a non-CPU device takes (whole score matrices) against PyTorch's CPU flash kernel's output and
+    logsumexp: causal from the start, and a chunk on a cached prefix under a window."""
+    from llmpipe.layers.attention import _causal_mask, _flash_with_lse, _math_with_lse
+
+    torch.manual_seed(1)
+    q, k, v = torch.randn(4, 7, 16), torch.randn(4, 7 + cached, 16), torch.randn(4, 7 + cached, 16)
+    mask = _causal_mask(cached, 7, 7 + cached, 5 if cached else None, "cpu")
+    for ours, theirs in zip(_math_with_lse(q, k, v, mask, 0.3), _flash_with_lse(q, k, v, mask, 0.3)):
+        torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
