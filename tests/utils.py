@@ -173,7 +173,10 @@ def save_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:
 
 def reference_state_dict(model) -> dict[str, torch.Tensor]:
     """A transformers model's tensors under the names its checkpoint saves them by: a tied head left out, fused
-    3-D experts (gate_up_proj [experts, 2 × inner, hidden], down_proj) one gate / up / down matrix per expert."""
+    3-D experts (gate_up_proj [experts, 2 × inner, hidden], down_proj) one gate / up / down matrix per expert
+    (gpt-oss's: [experts, in, out], gate and up interleaved, with biases)."""
+    if model.config.model_type == "gpt_oss":
+        return gpt_oss_expert_slices(model.state_dict())
     state = {}
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
@@ -186,6 +189,23 @@ def reference_state_dict(model) -> dict[str, torch.Tensor]:
             state |= {f"{name.removesuffix('down_proj')}{e}.down_proj.weight": t for e, t in enumerate(tensor)}
         else:
             state[name] = tensor
+    return state
+
+
+def gpt_oss_expert_slices(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt-oss's 3-D experts as each expert's gate / up / down weight [out, in] and bias (gate: even columns of
+    gate_up, up: odd ones)."""
+    state = {}
+    for name, tensor in state_dict.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind not in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+            state[name] = tensor
+            continue
+        bias = kind.endswith("_bias")
+        rows = tensor if bias else tensor.transpose(1, 2)  # [experts, out, (in)]
+        parts = {"gate_proj": rows[:, 0::2], "up_proj": rows[:, 1::2]} if kind.startswith("gate_up") else {"down_proj": rows}
+        for part, data in parts.items():
+            state |= {f"{prefix}.{e}.{part}.{'bias' if bias else 'weight'}": data[e] for e in range(data.shape[0])}
     return state
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from llmpipe.kernels.abi import ABI
 from llmpipe.kernels import build
 
 pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FMA, a C compiler and ninja")
@@ -98,7 +99,7 @@ def test_the_decode_steps_fake_returns_nothing_and_leaves_shapes_alone():
     with FakeTensorMode():
         x, pool = torch.empty(3, 64), torch.empty(4, 2, 8, 4, 2, 16)
         out = torch.ops.llmpipe.decode_step(
-            x, pool, None, torch.empty(4, 52, dtype=torch.int64), torch.empty(3, 1, 16), torch.empty(3, 1, 16),
+            x, pool, None, torch.empty(4, ABI["LAYER_WORDS"], dtype=torch.int64), torch.empty(3, 1, 16), torch.empty(3, 1, 16),
             torch.empty(3, dtype=torch.int64), torch.empty(3, 2, dtype=torch.int64), torch.empty(3, dtype=torch.int64),
             [64, 4, 2, 16, 8, 4, 0], 1e-6, 0.25)
     assert out is None and x.shape == (3, 64)
@@ -171,18 +172,20 @@ def test_shapes_the_c_code_does_not_take_are_refused():
 def test_the_decode_step_refuses_a_descriptor_table_of_another_layout_or_out_of_range_indices():
     from llmpipe.models.llama.decode_step import TABLE_WORD
 
+    width, rope_word = ABI["LAYER_WORDS"], ABI["LAYER_ROPE_WORD"]
+
     def step(descriptors: torch.Tensor, pool=torch.empty(0), scales=None) -> str:
         return refusal("decode_step", torch.randn(1, 64), pool, scales, descriptors, torch.randn(1, 1, 16),
                        torch.randn(1, 1, 16), torch.zeros(1, 1, dtype=torch.int64), torch.zeros(1, 1, 1, dtype=torch.int64),
                        torch.ones(1, 1, dtype=torch.int64), [64, 4, 2, 16, 8, 4], 1e-6, 0.25)
 
-    assert "descriptors must have size 52 in dimension 1" in step(torch.zeros(2, 39, dtype=torch.int64))
-    words = torch.zeros(2, 52, dtype=torch.int64)
+    assert f"descriptors must have size {width} in dimension 1" in step(torch.zeros(2, 39, dtype=torch.int64))
+    words = torch.zeros(2, width, dtype=torch.int64)
     words[1, TABLE_WORD] = 1  # a second block-table set, where one was passed
     assert "layer 1 names RoPE table 0 of 1 and block-table set 1 of 1" in step(words)
-    words[1, TABLE_WORD], words[0, TABLE_WORD - 2] = 0, 2  # RoPE table 2 of 1
+    words[1, TABLE_WORD], words[0, rope_word] = 0, 2  # RoPE table 2 of 1
     assert "layer 0 names RoPE table 2 of 1" in step(words)
-    words[0, TABLE_WORD - 2] = 0
+    words[0, rope_word] = 0
     codes, scales = torch.empty(0, dtype=torch.int8), torch.empty(0, dtype=torch.float16)
     assert "kv_scales go with an int8 kv_pool" in step(words, codes)
     assert "kv_scales go with an int8 kv_pool" in step(words, torch.empty(0), scales)

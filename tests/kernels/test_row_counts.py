@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from llmpipe.kernels.abi import ABI
 from llmpipe.kernels import build
 from llmpipe.layers import attention_kernel
 from llmpipe.layers.attention import AttentionMetadata, paged_attention, reference_paged_attention
@@ -180,7 +181,7 @@ def test_the_decode_step_of_an_empty_batch_changes_nothing():
     x, pool = torch.empty(0, 64), torch.randn(4, 2, 8, 4, 2, 16)
     before = pool.clone()
     out = torch.ops.llmpipe.decode_step(
-        x, pool, None, torch.zeros(2, 52, dtype=torch.int64), torch.empty(1, 0, 16), torch.empty(1, 0, 16),
+        x, pool, None, torch.zeros(2, ABI["LAYER_WORDS"], dtype=torch.int64), torch.empty(1, 0, 16), torch.empty(1, 0, 16),
         torch.empty(1, 0, dtype=torch.int64), torch.empty(1, 0, 1, dtype=torch.int64), torch.empty(1, 0, dtype=torch.int64),
         [64, 4, 2, 16, 8, 4], 1e-6, 0.25)
     assert out is None and x.shape == (0, 64) and torch.equal(pool, before)

@@ -14,12 +14,14 @@ from llmpipe.models.gemma3 import GEMMA3
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.qwen3_moe import QWEN3_MOE
 from llmpipe.models.registry import FAMILIES, family_of, gguf_architecture
-from tests.utils import TINY_CONFIGS
+from tests.utils import gpt_oss_expert_slices, TINY_CONFIGS
 
 
 def saved_shapes(directory) -> dict[str, tuple[int, ...]]:
+    """The checkpoint's tensors (gpt-oss's 3-D experts as each expert's own: tests/utils.gpt_oss_expert_slices)."""
     with safe_open(directory / "model.safetensors", framework="pt") as f:
-        return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+        tensors = gpt_oss_expert_slices({name: f.get_tensor(name) for name in f.keys()})
+    return {name: tuple(tensor.shape) for name, tensor in tensors.items()}
 
 
 @pytest.mark.parametrize(("architecture", "family"), [
@@ -35,13 +37,13 @@ def test_each_architecture_belongs_to_one_family(architecture, family):
 def test_an_unknown_architecture_is_refused_naming_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"architecture 'olmo2' is not supported \(supported: llama, "
                                                     r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3, "
-                                                    r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe\)"):
+                                                    r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe, gpt_oss, gpt-oss\)"):
         family_of("olmo2")
 
 
 def test_an_unknown_gguf_architecture_is_refused_naming_the_supported_ones(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'phi3' is not supported "
-                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe\)"):
+                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss\)"):
         gguf_architecture("phi3", tmp_path)
 
 

@@ -42,7 +42,7 @@ def edit_tensors(change):
 DROP = object()
 GPTQ_CASES = [
     ("unknown method", edit_config(quant_method="bitsandbytes"), UnsupportedModelError,
-     "quant_method 'bitsandbytes' is not supported (supported: gptq, awq)"),
+     "quant_method 'bitsandbytes' is not supported (supported: gptq, awq, mxfp4)"),
     ("no method", edit_config(quant_method=DROP), ModelLoadError, "quantization_config is missing 'quant_method'"),
     ("8 bits", edit_config(bits=8), UnsupportedModelError, "gptq with bits=8 is not supported (only 4-bit)"),
     ("no bits", edit_config(bits=DROP), ModelLoadError, "quantization_config is missing 'bits'"),
