@@ -8,7 +8,8 @@
  * Each block's weights become unsigned bytes u (dpbusd's / maddubs' first operand) with
  *   w = scale * (u - zero)    zero a power of two: Q4_0 8, Q6_K 32, Q8_0 and the IQ4 / MXFP4 codebooks 128
  *                             (the signed code plus 128); its term is zero * the sum of each dot lane's
- *                             four activation codes (s4, once per activation row), a shift and a subtract;
+ *                             four activation codes (s4, once per activation row, negated), a shift and an add
+ *                             (or, zero 128, the accumulator a dot product starts from);
  *   w = scale * u - min       Q4_K / Q5_K: the min meets xsum, as llama.cpp's Q8_K block sums.
  * So every type's dot is the same integer dot of codes against codes, exact, and the float work is one
  * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
@@ -103,7 +104,8 @@ static inline int ggml_zero_shift(int64_t t) {
     }
 }
 
-/* s4[m, i] = the sum of activation codes 4i .. 4i + 3 of row m (15-bit codes: 128 * high plane + low). */
+/* s4[m, i] = minus the sum of activation codes 4i .. 4i + 3 of row m (15-bit codes: 128 * high plane + low):
+ * negated, so that it can start a dot product's accumulator (VNNI_PAIR_SCALED). */
 static inline void activation_sums4(const int8_t *qx, int64_t M, int64_t K, int PL, int32_t *s4) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t i = 0; i < K / 4; i++) {
@@ -113,7 +115,7 @@ static inline void activation_sums4(const int8_t *qx, int64_t M, int64_t K, int 
                 const int8_t *l = h + M * K;
                 s = 128 * s + l[0] + l[1] + l[2] + l[3];
             }
-            s4[m * (K / 4) + i] = s;
+            s4[m * (K / 4) + i] = -s;
         }
 }
 
@@ -227,13 +229,25 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
 /* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
 
 /* acc[m] += the pair of blocks (c, c + 1)'s dot: w their 64 unsigned codes, KM (an expression of m) its sixteen
- * lanes' multipliers for activation row m (weight scale x dx); ZS the zero point's shift (-1: none). */
+ * lanes' multipliers for activation row m (weight scale x dx); ZS the zero point's shift (-1: none). The zero
+ * point's term, -(s4 << ZS), starts the accumulator where it can: the first product's for int8 activations, and
+ * for 15-bit ones with zero 128 (ZS 7: Q8_0, the IQ4 codebooks, MXFP4) the high plane's, before its shift by 7
+ * (2^7 (hi·u - s4) + lo·u = x·u - 2^7 s4) — two fewer instructions a pair where the 4-bit rows are
+ * instruction-bound. */
 #define VNNI_PAIR_SCALED(w, KM, c, ZS)                                                                             \
     for (int m = 0; m < MR; m++) {                                                                                 \
         const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
-        __m512i d_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(p_));                      \
-        if (PL == 2) d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(d_, 7), w, _mm512_loadu_si512(p_ + lo));            \
-        if ((ZS) >= 0) d_ = _mm512_sub_epi32(d_, _mm512_slli_epi32(_mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8), (ZS) < 0 ? 0 : (ZS))); \
+        const __m512i z_ = (ZS) >= 0 ? _mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8) : _mm512_setzero_si512();   \
+        __m512i d_;                                                                                                \
+        if (PL == 1)                                                                                               \
+            d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(z_, (ZS) < 0 ? 0 : (ZS)), w, _mm512_loadu_si512(p_));       \
+        else if ((ZS) == 7 || (ZS) < 0)                                                                            \
+            d_ = _mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(z_, w, _mm512_loadu_si512(p_)), 7), w,   \
+                                     _mm512_loadu_si512(p_ + lo));                                                 \
+        else                                                                                                       \
+            d_ = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), \
+                                  w, _mm512_loadu_si512(p_)), 7), w, _mm512_loadu_si512(p_ + lo)),                  \
+                                  _mm512_slli_epi32(z_, (ZS) < 0 ? 0 : (ZS)));                                      \
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), KM, acc[m]);                                              \
     }
 
@@ -261,7 +275,7 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
         const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
         __m256i d_ = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, _mm256_loadu_si256((const __m256i *)p_));      \
         if (PL == 2) d_ = _mm256_dpbusd_epi32(_mm256_slli_epi32(d_, 7), w, _mm256_loadu_si256((const __m256i *)(p_ + lo))); \
-        if ((ZS) >= 0) d_ = _mm256_sub_epi32(d_, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(s4 + m * (K / 4) + (c) * 8)), (ZS) < 0 ? 0 : (ZS))); \
+        if ((ZS) >= 0) d_ = _mm256_add_epi32(d_, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(s4 + m * (K / 4) + (c) * 8)), (ZS) < 0 ? 0 : (ZS))); \
         tail[m] += dx[m * B + (c)] * (ws) * hsum(_mm256_cvtepi32_ps(d_));                                          \
     }
 
