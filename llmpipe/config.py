@@ -52,9 +52,16 @@ class ModelConfig:
         return self.sliding_window
 
     @property
+    def attention_layers(self) -> int:
+        """Layers that attend over a K/V cache (a hybrid's linear-attention layers keep a fixed state instead)."""
+        if self.layer_types is None:
+            return self.num_hidden_layers
+        return sum(kind != "linear_attention" for kind in self.layer_types)
+
+    @property
     def kv_elements_per_token(self) -> int:
-        """K and V entries stored per token: 2 × layers × kv_heads × head_dim."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+        """K and V entries stored per token: 2 × attention layers × kv_heads × head_dim."""
+        return 2 * self.attention_layers * self.num_key_value_heads * self.head_dim
 
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}

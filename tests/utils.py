@@ -66,6 +66,15 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
              rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
                               "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}}),
     ),
+    # Three Gated DeltaNet layers, then a gated full-attention one; 2 key heads for 4 value heads, key and value
+    # heads of different widths; RoPE on the first quarter (8) of each 32-channel head.
+    "qwen3_5": (
+        "Qwen3_5TextConfig",
+        dict(num_hidden_layers=4, layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+             linear_value_head_dim=24, linear_conv_kernel_dim=4,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    ),
 }
 
 
@@ -91,6 +100,8 @@ def build_checkpoint(class_name: str, extra: dict, out_dir: Path) -> Path:
                 param.normal_(0.0, 0.2)
             elif config.model_type == "gpt_oss" and not name.endswith("norm.weight"):  # biases and sinks, near zero at init
                 param.normal_(0.0, 0.2)
+            elif config.model_type == "qwen3_5_text":  # zero-centred norms (0 at init), dt_bias and gated norms (1), A_log
+                param.add_(torch.randn_like(param), alpha=0.2)
     model.save_pretrained(out_dir)
     save_tiny_tokenizer(out_dir, TINY_COMMON["vocab_size"])
     return out_dir

@@ -53,9 +53,11 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.copy_partial_blocks = copy_partial_blocks
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks)  # the token blocks; a recurrent group's manager has a state pool of its own
         self.specs = list(specs)
         self.groups = [spec.manager(self.pool, group, block_size) for group, spec in enumerate(self.specs)]
+        for group in self.groups:
+            group.prefix_caching = enable_prefix_caching
         self.block_copies: list[tuple[int, int]] = []  # (source, destination), for the next step
         self.prefix_queries = 0  # prompt blocks looked up
         self.prefix_hits = 0  # prompt blocks served from the cache
@@ -104,7 +106,7 @@ class BlockManager:
 
     def no_hit(self) -> PrefixHit:
         """Nothing served from the cache: every token is computed."""
-        return PrefixHit(0, [BlockTable() for _ in self.specs])
+        return PrefixHit(0, [group.empty_table() for group in self.groups])
 
     def _round_hit(self, k: int) -> int:
         """Without partial-block copies, a prefix of k token blocks cut to whole blocks of every group."""
@@ -113,16 +115,23 @@ class BlockManager:
     def can_allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> bool:
         """Room for the hit's blocks (those sitting in the free list leave it) and the first chunk."""
         start = hit.num_tokens
-        taken = sum(self.pool.blocks[b].ref_count == 0 for table in hit.tables for b in table.ids)
-        new = sum(g.missing(t, start, start + num_new_tokens) for g, t in zip(self.groups, hit.tables))
-        return taken + new <= self.pool.num_free_blocks
+        needs = [(g.pool, sum(g.pool.blocks[b - g.pool.first_id].ref_count == 0 for b in t.ids)
+                  + g.missing(t, start, start + num_new_tokens)) for g, t in zip(self.groups, hit.tables)]
+        return self._fits(needs)
+
+    def _fits(self, needs: list[tuple[BlockPool, int]]) -> bool:
+        """Whether each pool has the free blocks the groups drawing on it need."""
+        totals: dict[int, int] = {}
+        for pool, count in needs:
+            totals[id(pool)] = totals.get(id(pool), 0) + count
+        return all(totals[id(pool)] <= pool.num_free_blocks for pool, _ in needs)
 
     def allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> None:
         """Take the hit's blocks and fresh ones for the next num_new_tokens tokens."""
         assert not seq.block_tables, "sequence already has blocks"
-        for table in hit.tables:
+        for group, table in zip(self.groups, hit.tables):
             for block_id in table.ids:
-                self.pool.ref(block_id)
+                group.pool.ref(block_id)
         seq.block_tables = hit.tables
         seq.num_cached_tokens = hit.num_tokens  # computed too: the scheduler counts them
         seq.num_hashed_blocks = hit.num_tokens // self.block_size
@@ -130,8 +139,8 @@ class BlockManager:
             self.prefix_queries += (len(seq.all_token_ids) - 1) // self.block_size
             self.prefix_hits += seq.num_hashed_blocks
         self.reserve(seq, num_new_tokens, start=hit.num_tokens)
-        for spec, table, source in zip(self.specs, seq.block_tables, hit.partials):
-            own = table.ids[seq.num_hashed_blocks // spec.span - table.offset] if source is not None else None
+        for group, table, source in zip(self.groups, seq.block_tables, hit.partials):
+            own = group.copy_target(table, seq.num_hashed_blocks) if source is not None else None
             if own is not None and own != source:
                 self.block_copies.append((source, own))
 
@@ -144,8 +153,7 @@ class BlockManager:
 
     def can_reserve(self, seq: PagedSequence, num_new_tokens: int) -> bool:
         start = seq.num_computed_tokens
-        new = sum(g.missing(t, start, start + num_new_tokens) for g, t in zip(self.groups, seq.block_tables))
-        return new <= self.pool.num_free_blocks
+        return self._fits([(g.pool, g.missing(t, start, start + num_new_tokens)) for g, t in zip(self.groups, seq.block_tables)])
 
     def reserve(self, seq: PagedSequence, num_new_tokens: int, start: int | None = None) -> None:
         """Blocks for positions start (by default num_computed_tokens) .. + num_new_tokens - 1 in every group."""
@@ -183,8 +191,7 @@ class BlockManager:
 
     def can_fork(self, parent: PagedSequence) -> bool:
         n = len(parent.all_token_ids)
-        partial = sum(len(table) > g.full_blocks(n) for g, table in zip(self.groups, parent.block_tables))
-        return partial <= self.pool.num_free_blocks
+        return self._fits([(g.pool, g.fork_cost(table, n)) for g, table in zip(self.groups, parent.block_tables)])
 
     def fork(self, parent: PagedSequence, child: PagedSequence) -> None:
         """Child shares parent's full blocks; a partial last block is copied (queued with the step's copies)."""
@@ -200,13 +207,23 @@ class BlockManager:
         child.num_hashed_blocks = min(parent.num_hashed_blocks, n // self.block_size)
 
     def free_sequence(self, seq: PagedSequence) -> None:
-        for table in seq.block_tables:
-            self.pool.release(table.ids)
+        for group, table in zip(self.groups, seq.block_tables):
+            group.pool.release(table.ids)
         seq.block_tables = []
         seq.num_hashed_blocks = 0
 
     def blocks_held(self, seq: PagedSequence) -> int:
-        return sum(len(table.ids) for table in seq.block_tables)
+        """Token blocks seq holds (states from a pool of their own: states_held)."""
+        return sum(len(table.ids) for g, table in zip(self.groups, seq.block_tables) if g.pool is self.pool)
+
+    def states_held(self, seq: PagedSequence) -> int:
+        return sum(len(table.ids) for g, table in zip(self.groups, seq.block_tables) if g.pool is not self.pool)
+
+    @property
+    def states_in_use(self) -> int:
+        """Per-sequence states held, over the state pools (live ones, and checkpoints a step is writing)."""
+        pools = {id(g.pool): g.pool for g in self.groups if g.pool is not self.pool}
+        return sum(p.num_blocks - p.num_free_blocks for p in pools.values())
 
     @contextmanager
     def scratch(self, token_ids: list[int], make_copies: Callable[[list[tuple[int, int]]], None]) -> Iterator[list[BlockTable]]:

@@ -98,10 +98,11 @@ class EngineCore:
         return self.executor.weight_bytes
 
     def stats(self) -> EngineStats:
-        blocks = self.block_manager
+        blocks, state_bytes = self.block_manager, self.kv_layout.state_bytes()
         per_seq: dict[str, int] = {}
         for seq in self.scheduler.running:
-            per_seq[seq.request_id] = per_seq.get(seq.request_id, 0) + blocks.blocks_held(seq) * self.block_bytes
+            held = blocks.blocks_held(seq) * self.block_bytes + blocks.states_held(seq) * state_bytes
+            per_seq[seq.request_id] = per_seq.get(seq.request_id, 0) + held
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),
@@ -115,7 +116,7 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             num_prefill_tokens=self.scheduler.num_prefill_tokens,
             num_generation_tokens=self.scheduler.num_generation_tokens,
-            kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes,
+            kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes + blocks.states_in_use * state_bytes,
             kv_bytes_per_seq=per_seq,
             spec_decode=replace(self.spec_stats) if self.proposer is not None else None,
         )

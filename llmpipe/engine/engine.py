@@ -60,8 +60,10 @@ class LLMEngine:
         return self.core.stats()
 
     def kv_bytes_per_sequence(self, num_tokens: int) -> int:
-        """Bytes of KV blocks one sequence of num_tokens computed tokens holds (window groups capped)."""
-        return self.core.kv_layout.blocks_held(num_tokens, self.config.block_size) * self.core.block_bytes
+        """Bytes of KV blocks one sequence of num_tokens computed tokens holds (window groups capped), and of its
+        states where layers keep one per sequence."""
+        layout = self.core.kv_layout
+        return layout.blocks_held(num_tokens, self.config.block_size) * self.core.block_bytes + layout.state_bytes()
 
     def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
         if request_id in self.output_processor.requests:

@@ -31,10 +31,12 @@ def block_hash(parent: int | None, token_ids: Sequence[int]) -> int:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
-        self.blocks = [Block(i) for i in range(num_blocks)]
+    def __init__(self, num_blocks: int, first_id: int = 0):
+        """Blocks first_id ... first_id + num_blocks - 1 (a second pool's ids follow the first's)."""
+        self.first_id = first_id
+        self.blocks = [Block(first_id + i) for i in range(num_blocks)]
         # Blocks with ref_count 0, oldest-freed first; an OrderedDict gives O(1) removal on a cache hit.
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict((first_id + i, None) for i in range(num_blocks))
         self.cached: dict[CacheKey, int] = {}
         self.peak_blocks_in_use = 0
 
@@ -52,14 +54,14 @@ class BlockPool:
             raise NoFreeBlocksError("no free KV cache block")
         block_id, _ = self.free.popitem(last=False)
         self.peak_blocks_in_use = max(self.peak_blocks_in_use, len(self.blocks) - len(self.free))
-        block = self.blocks[block_id]
+        block = self.blocks[block_id - self.first_id]
         for key in block.listed:
             del self.cached[key]
         block.listed, block.ref_count = {}, 1
         return block_id
 
     def ref(self, block_id: int) -> None:
-        block = self.blocks[block_id]
+        block = self.blocks[block_id - self.first_id]
         if block.ref_count == 0:
             del self.free[block_id]
         block.ref_count += 1
@@ -68,7 +70,7 @@ class BlockPool:
         """Drop one reference to each; the last blocks of a sequence are freed first, so its prefix is
         the last to be evicted."""
         for block_id in reversed(block_ids):
-            block = self.blocks[block_id]
+            block = self.blocks[block_id - self.first_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free[block_id] = None
@@ -77,8 +79,8 @@ class BlockPool:
         """Index a block for reuse under key (the first block listed under a key keeps it)."""
         if key not in self.cached:
             self.cached[key] = block_id
-            self.blocks[block_id].listed[key] = tokens
+            self.blocks[block_id - self.first_id].listed[key] = tokens
 
     def lookup(self, key: CacheKey, tokens: tuple[int, ...]) -> int | None:
         block_id = self.cached.get(key)
-        return block_id if block_id is not None and self.blocks[block_id].listed[key] == tokens else None
+        return block_id if block_id is not None and self.blocks[block_id - self.first_id].listed[key] == tokens else None

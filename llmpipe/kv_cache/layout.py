@@ -8,7 +8,9 @@ that one block of the pool — [S layers, K and V, block_size tokens] — fits a
 belongs to one group at a time, and each sequence has one block table per group. A window group
 frees the blocks its queries can no longer reach while the sequence goes on; a full group keeps
 everything. Llama-style models are one full group (S = all layers); Mistral with a window one
-sliding group; Gemma 3 (5 local layers per global one) several groups of each kind. A model family may lay out
+sliding group; Gemma 3 (5 local layers per global one) several groups of each kind. Layers that keep a fixed
+state per sequence instead (a recurrent spec's `per_sequence`: Qwen3.5's linear attention) form one group of
+their own, whose states come from a pool of their own (kv_cache/kinds/recurrent.py). A model family may lay out
 its cache its own way (its `kv_cache_class`), with kinds of its own.
 """
 
@@ -40,6 +42,21 @@ class KVCacheLayout:
     def num_layers(self) -> int:
         return len(self.layer_slots)
 
+    @property
+    def token_layers(self) -> int:
+        """Layers whose cache lives in token blocks (the others keep a state per sequence)."""
+        return sum(len(g.layers) for g in self.groups if not g.spec.per_sequence)
+
+    @property
+    def state_group(self) -> KVCacheGroup | None:
+        """The group of the layers that keep a state per sequence, if the model has any."""
+        return next((g for g in self.groups if g.spec.per_sequence), None)
+
+    def state_bytes(self) -> int:
+        """Bytes of one sequence's states, over every layer that keeps one."""
+        group = self.state_group
+        return 0 if group is None else len(group.layers) * group.spec.layer_bytes
+
     def blocks_held(self, num_tokens: int, block_size: int) -> int:
         """Blocks one sequence of num_tokens tokens holds, over all groups."""
         return sum(group.spec.blocks_held(num_tokens, block_size) for group in self.groups)
@@ -51,11 +68,11 @@ class KVCacheLayout:
     def growth_bytes_per_token(self, bytes_per_token: int) -> int:
         """Bytes each further token adds to a sequence (full-attention layers; windows stop growing)."""
         full_layers = sum(len(g.layers) for g in self.groups if g.spec.grows)
-        return bytes_per_token * full_layers // self.num_layers
+        return bytes_per_token * full_layers // self.token_layers
 
     def block_bytes(self, bytes_per_token: int, block_size: int) -> int:
         """Bytes of one block, from the bytes a token takes in all layers."""
-        return bytes_per_token * self.slots_per_block // self.num_layers * block_size
+        return bytes_per_token * self.slots_per_block // self.token_layers * block_size
 
     def max_tokens(self, num_blocks: int, block_size: int, chunk: int, limit: int) -> int:
         """The longest sequence (up to `limit`) the pool holds alone, prefilled in chunks of at most `chunk` tokens."""
@@ -77,13 +94,19 @@ def kv_cache_specs(model: nn.Module) -> list:
 def kv_cache_layout(specs: Sequence[KVCacheSpec]) -> KVCacheLayout:
     """Group the layers (specs[i]: what layer i keeps, as the model reports it) by spec into groups of S
     layers, S the smallest spec's layer count (a larger spec whose count S does not divide leaves slots
-    of its last group unused)."""
+    of its last group unused). Layers keeping a state per sequence form one group (slot = their rank in it)."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
     for layer, spec in enumerate(specs):
         by_spec.setdefault(spec, []).append(layer)
-    size = min(len(layers) for layers in by_spec.values())
+    states = [spec for spec in by_spec if spec.per_sequence]
+    if len(states) > 1:
+        raise ValueError(f"layers keep states of {len(states)} different shapes; one state pool holds one shape")
+    size = min((len(layers) for spec, layers in by_spec.items() if not spec.per_sequence), default=1)
     groups = tuple(
-        KVCacheGroup(spec, tuple(layers[i : i + size])) for spec, layers in by_spec.items() for i in range(0, len(layers), size)
+        KVCacheGroup(spec, tuple(layers[i : i + step]))
+        for spec, layers in by_spec.items()
+        for step in [len(layers) if spec.per_sequence else size]
+        for i in range(0, len(layers), step)
     )
     slots, owners = [0] * len(specs), [0] * len(specs)
     for index, group in enumerate(groups):

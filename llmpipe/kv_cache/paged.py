@@ -13,7 +13,7 @@ import torch
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.kernels import huge_pages
 from llmpipe.quant.kv import KV_INT4_GROUP, SCALE_DTYPE, QuantizedKV
-from llmpipe.kv_cache.kinds import KVCacheSpec
+from llmpipe.kv_cache.kinds import KVCacheSpec, RecurrentState
 from llmpipe.kv_cache.layout import KVCacheLayout, kv_cache_layout
 
 
@@ -73,15 +73,27 @@ class PagedKVCache:
         shape = (layout.slots_per_block, 2, num_blocks, block_size, cfg.num_key_value_heads, cfg.head_dim)
         if kv_cache_dtype == "auto":
             self.tensors: tuple[torch.Tensor, ...] = (huge_pages.zeros(shape, dtype, device),)
-            self.layers = [self.tensors[0][slot] for slot in layout.layer_slots]  # what each attention layer receives
+            slot_view = lambda s: self.tensors[0][s]  # noqa: E731
         else:
             codes, scale, minimum = QuantizedKV.storage(kv_cache_dtype, shape, device)
             self.tensors = tuple(t for t in (codes, scale, minimum) if t is not None)
-            self.layers = [
-                QuantizedKV(codes[s], scale[s], None if minimum is None else minimum[s], cfg.head_dim)
-                for s in layout.layer_slots
-            ]
+            slot_view = lambda s: QuantizedKV(codes[s], scale[s], None if minimum is None else minimum[s], cfg.head_dim)  # noqa: E731
+        self.states, self.first_state = self._state_pool(layout, device)
+        # What each layer receives: its slot of the token blocks, or its states.
+        self.layers = [self.states[slot] if layout.groups[group].spec.per_sequence else slot_view(slot)
+                       for slot, group in zip(layout.layer_slots, layout.layer_groups)]
         self.bytes_per_token = kv_bytes_per_token(cfg, dtype, kv_cache_dtype)
+
+    @staticmethod
+    def _state_pool(layout: KVCacheLayout, device) -> tuple[list[RecurrentState], int]:
+        """Per layer keeping a state per sequence: its conv and SSM states, [slots, ...] each (float32)."""
+        group = layout.state_group
+        if group is None:
+            return [], 0
+        spec, count = group.spec, len(group.layers)
+        conv = torch.zeros(count, spec.slots, *spec.conv_shape, device=device)
+        ssm = torch.zeros(count, spec.slots, *spec.ssm_shape, device=device)
+        return [RecurrentState(conv[j], ssm[j]) for j in range(count)], spec.first_id
 
     @classmethod
     def layout(cls, specs: Sequence[KVCacheSpec]) -> KVCacheLayout:
@@ -97,5 +109,9 @@ class PagedKVCache:
         return cls(cfg, num_blocks, config.block_size, config.torch_dtype, device, layout, config.kv_cache_dtype)
 
     def copy_block(self, src: int, dst: int) -> None:
+        if self.states and src >= self.first_state:  # a state's id follows the token blocks'
+            for state in self.states:
+                state.copy(src - self.first_state, dst - self.first_state)
+            return
         for tensor in self.tensors:
             tensor[:, :, dst] = tensor[:, :, src]

@@ -13,6 +13,7 @@ from llmpipe.models.gemma3 import GEMMA3
 from llmpipe.models.gpt_oss import GPT_OSS
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.phi3 import PHI3
+from llmpipe.models.qwen3_5 import QWEN3_5
 from llmpipe.models.qwen3_moe import QWEN3_MOE
 
 FAMILIES: tuple[ModelFamily, ...] = (
@@ -22,6 +23,7 @@ FAMILIES: tuple[ModelFamily, ...] = (
     PHI3,
     QWEN3_MOE,
     GPT_OSS,
+    QWEN3_5,
 )
 
 T = TypeVar("T")

@@ -61,7 +61,7 @@ def _code(path: Path) -> str:
 
 
 def test_the_engine_names_no_kv_cache_kind_and_no_model():
-    kinds = re.compile(r"FullAttention|SlidingWindow|Compressed|\bratio\b|free_out_of_window", re.IGNORECASE)
+    kinds = re.compile(r"FullAttention|SlidingWindow|Compressed|Recurrent|snapshot|\bratio\b|free_out_of_window", re.IGNORECASE)
     shared = [ENGINE / name for name in ("block_manager.py", "scheduler.py", "core.py", "executor.py", "model_runner.py",
                                          "token_sampler.py")] + [KV_CACHE / "block_pool.py"]
     for path in shared:

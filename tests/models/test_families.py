@@ -37,7 +37,8 @@ def test_each_architecture_belongs_to_one_family(architecture, family):
 def test_an_unknown_architecture_is_refused_naming_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"architecture 'olmo2' is not supported \(supported: llama, "
                                                     r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3, "
-                                                    r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe, gpt_oss, gpt-oss\)"):
+                                                    r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe, gpt_oss, gpt-oss, "
+                                                    r"qwen3_5_text, qwen3_5\)"):
         family_of("olmo2")
 
 

@@ -3,6 +3,7 @@
 from llmpipe.kv_cache.kinds.base import BlockTable, ChunkRows, GroupBatch, GroupManager, KVCacheSpec
 from llmpipe.kv_cache.kinds.compressed import CompressedMetadata, CompressedSpec
 from llmpipe.kv_cache.kinds.full_attention import FullAttentionSpec
+from llmpipe.kv_cache.kinds.recurrent import RecurrentMetadata, RecurrentState, RecurrentStateSpec, StateChunk, StateTable
 from llmpipe.kv_cache.kinds.sliding_window import SlidingWindowSpec
 
 
@@ -11,4 +12,5 @@ def attention_spec(window: int | None) -> KVCacheSpec:
     return FullAttentionSpec() if window is None else SlidingWindowSpec(window)
 
 __all__ = ["BlockTable", "ChunkRows", "CompressedMetadata", "CompressedSpec", "FullAttentionSpec", "GroupBatch",
-           "GroupManager", "KVCacheSpec", "SlidingWindowSpec", "attention_spec"]
+           "GroupManager", "KVCacheSpec", "RecurrentMetadata", "RecurrentState", "RecurrentStateSpec", "SlidingWindowSpec",
+           "StateChunk", "StateTable", "attention_spec"]

@@ -53,6 +53,8 @@ class KVCacheSpec:
     """What one kind of layer keeps. Subclasses are frozen dataclasses (equal specs share groups) with a
     `window`: how far back a query reads (None: to the first token)."""
 
+    per_sequence = False  # True: a fixed state per sequence from a pool of its own, not token blocks (recurrent.py)
+
     @property
     def name(self) -> str:
         raise NotImplementedError
@@ -97,6 +99,10 @@ class GroupManager:
     def __init__(self, spec: KVCacheSpec, pool: "BlockPool", group: int, block_size: int):
         self.spec, self.pool, self.group, self.block_size = spec, pool, group, block_size
 
+    def empty_table(self) -> BlockTable:
+        """A sequence's table before it holds anything."""
+        return BlockTable()
+
     # ---- blocks for the scheduled tokens -----------------------------------------------------
 
     def needed(self, start: int, end: int) -> tuple[int, int]:
@@ -129,6 +135,10 @@ class GroupManager:
     def full_blocks(self, num_tokens: int) -> int:
         return num_tokens // self.spec.tokens_per_block(self.block_size)
 
+    def fork_cost(self, table: BlockTable, num_tokens: int) -> int:
+        """Blocks a fork of a num_tokens-token sequence takes: a copy of a partial last block."""
+        return int(len(table) > max(self.full_blocks(num_tokens), table.offset))
+
     def fork(self, table: BlockTable, num_tokens: int) -> tuple[BlockTable, tuple[int, int] | None]:
         """A child's table sharing the full blocks; a partial last block gets a copy of its own:
         (table, (source, destination) or None)."""
@@ -143,6 +153,10 @@ class GroupManager:
         return mine, None
 
     # ---- the prefix cache --------------------------------------------------------------------
+
+    def copy_target(self, table: BlockTable, num_hashed_blocks: int) -> int:
+        """The block of a sequence's own that a prefix hit's partial block (hit()) is copied into."""
+        return table.ids[num_hashed_blocks // self.spec.span - table.offset]
 
     def lookup(self, index: int, hashes: list[int], tokens: Sequence[int]) -> int | None:
         """The cached block that ends with token block `index` of this prefix."""

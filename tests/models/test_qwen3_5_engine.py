@@ -1,0 +1,73 @@
+"""Qwen3.5 through the engine against transformers (float32, the tiny checkpoint of tests/utils.py): the shared
+parity suite (prefill, decode, chunked at arbitrary cuts, batched), prefix-cache hits restoring a checkpointed state
+under preemption, a chat's second turn resuming from the first's state, n > 1 forks copying the state, and the
+cache's bytes from the engine's own stats. (Model-level tests with hand-built caches: test_qwen3_5.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmpipe import LLM, SamplingParams
+from llmpipe.errors import UnsupportedModelError
+from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
+from tests.models.parity_suite import GREEDY, assert_prefix_hits_and_preemption_keep_the_reference, like
+from tests.utils import prompt, reference_case, reference_greedy
+
+
+@pytest.fixture(scope="module")
+def case(tiny_checkpoint):
+    return reference_case(tiny_checkpoint("qwen3_5"))
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 13])
+def test_chunks_cutting_the_prompt_anywhere_continue_the_state(case, chunk):
+    """Chunk boundaries that fall inside blocks and inside the conv's window: each chunk continues the last's state."""
+    _, reference, _ = case
+    tokens = prompt(29, 4)
+    llm = like(case, max_num_batched_tokens=chunk, block_size=4)
+    out = llm.generate([{"prompt_token_ids": tokens}], GREEDY)[0]
+    assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
+
+
+def test_prefix_cache_hits_and_preemption_give_the_reference_tokens(case):
+    """Full-attention blocks and state checkpoints from one budget: 5 blocks hold two of the four sequences."""
+    assert_prefix_hits_and_preemption_keep_the_reference(case, max_num_blocks=5)
+
+
+def test_a_chats_second_turn_resumes_from_the_first_turns_state(case):
+    """The second turn's prompt is the first turn's prompt, its reply and a new message: its prefill starts at the
+    newest checkpoint (the last block boundary the first turn's decode crossed), and its tokens are the reference's."""
+    _, reference, _ = case
+    llm = like(case, block_size=4)
+    first = prompt(14, 2)
+    reply = llm.generate([{"prompt_token_ids": first}], SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
+    second = first + reply[0].outputs[0].token_ids + prompt(6, 3)[1:]
+    out = llm.generate([{"prompt_token_ids": second}], GREEDY)[0]
+    assert out.num_cached_tokens == (14 + 9 - 1) // 4 * 4  # the state after the reply's last computed token's block
+    assert out.outputs[0].token_ids == reference_greedy(reference, second)[0]
+
+
+def test_n_samples_each_run_from_a_copy_of_the_prompts_state(case):
+    """n = 3 greedy samples: each continues its own copy of the prompt's state (a state shared between them would
+    advance three times a step and leave the reference at once)."""
+    _, reference, _ = case
+    tokens = prompt(11, 6)
+    params = SamplingParams(n=3, temperature=0.0, max_tokens=16, ignore_eos=True)
+    out = like(case).generate([{"prompt_token_ids": tokens}], params)[0]
+    expected = reference_greedy(reference, tokens, 16)[0]
+    assert [o.token_ids for o in out.outputs] == [expected] * 3
+
+
+def test_the_engine_counts_a_sequences_states_beside_its_blocks(case):
+    """kv_bytes_per_seq: the attention layer's blocks plus the three linear layers' states, whatever the length."""
+    llm = like(case, block_size=4)
+    engine = llm.engine
+    layout = engine.core.kv_layout
+    assert layout.state_bytes() == 3 * 4 * (160 * 3 + 4 * 16 * 24)
+    assert engine.kv_bytes_per_sequence(1000) - engine.kv_bytes_per_sequence(4) == 249 * engine.core.block_bytes
+
+
+def test_speculative_decoding_is_refused(case):
+    path, _, _ = case
+    with pytest.raises(UnsupportedModelError, match="speculative"):
+        LLM(str(path), progress=False, speculative_method="ngram", num_speculative_tokens=2)
