@@ -60,9 +60,13 @@ def normalize_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.
     return q * q.shape[-1] ** -0.5, k
 
 
-def expand_heads(x: torch.Tensor, num_v_heads: int) -> torch.Tensor:
-    """[..., num_k_heads, dim] → [..., num_v_heads, dim]: key head i serves value heads i*r ... i*r + r - 1."""
-    return x.repeat_interleave(num_v_heads // x.shape[-2], dim=-2)
+def expand_heads(x: torch.Tensor, num_v_heads: int, tiled: bool = False) -> torch.Tensor:
+    """[..., num_k_heads, dim] → [..., num_v_heads, dim]: key head i serves value heads i*r ... i*r + r - 1 (grouped,
+    Hugging Face's order), or value heads i, i + K, i + 2K, ... (tiled: the order llama.cpp's converter puts them in)."""
+    repeats = num_v_heads // x.shape[-2]
+    if tiled:
+        return x.repeat(*([1] * (x.dim() - 2)), repeats, 1)
+    return x.repeat_interleave(repeats, dim=-2)
 
 
 def decay_and_beta(

@@ -26,7 +26,7 @@ def gguf_model_config(reader: GGUFReader, path: Path) -> ModelConfig:
     hidden, heads = int(hp("embedding_length")), int(hp("attention.head_count"))
     head_dim = int(hp("attention.key_length", hidden // heads))
     rope_dim = int(hp("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and not table.partial_rotary:
         raise UnsupportedModelError(f"{path}: partial rotary embeddings ({rope_dim} of {head_dim} dims)")
     rope_theta = float(hp("rope.freq_base", 10000.0))
     common = dict(

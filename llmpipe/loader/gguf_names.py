@@ -8,13 +8,15 @@ other linear's weight.
 llama.cpp's converter permutes the rows of attn_q / attn_k (weight and bias) for the "llama"
 architecture only (its LlamaModel.modify_tensors; Qwen2Model and Qwen3Model do not), turning
 Hugging Face's rotate-half RoPE layout into interleaved pairs. `permuted` names the tensors whose
-rows must be put back, with the ModelConfig field that gives their head count.
+rows must be put back, with the ModelConfig field that gives their head count. `values` undoes what
+else a converter changed in a small float tensor's values or shape (Qwen3.5's −exp(A_log), 1 + norm weights).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -29,12 +31,18 @@ class GGUFArchitecture:
     # Gemma's RMSNorm scales by (1 + weight); llama.cpp's converter stores 1 + weight, so loading subtracts it.
     norms_store_one_plus_weight: bool = False
     end_of_turn: str | None = None  # a token llama.cpp also stops at, found by its text where no eot id is given
+    # GGUF pattern → the function giving the model's tensor from the file's (dequantized, as float)
+    values: dict[str, Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    partial_rotary: bool = False  # rope.dimension_count may be less than the head dim (the family reads it)
 
     def hf_name(self, gguf_name: str) -> str | None:
         """The Hugging Face name of a GGUF tensor, or None for tensors the model does not load."""
         pattern, layer = pattern_of(gguf_name)
         hf_pattern = self.tensors.get(pattern)
         return None if hf_pattern is None else hf_pattern.format(i=layer)
+
+    def value_of(self, gguf_name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return self.values.get(pattern_of(gguf_name)[0])
 
     def expert_names(self, gguf_name: str, experts: int) -> list[str] | None:
         """The Hugging Face names of an experts tensor's slices, expert 0 first; None if it is not one."""

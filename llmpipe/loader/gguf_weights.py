@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -42,6 +42,7 @@ class GGUFWeights:
         self._tensors: dict[str, ReaderTensor] = {}
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
+        self._values: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # HF name → arch.values' function
         for tensor in reader.tensors:
             expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) > 1 else None
             if expert_names is not None:
@@ -51,12 +52,19 @@ class GGUFWeights:
             if hf_name is None:
                 continue
             self._tensors[hf_name] = tensor
+            if (value := arch.value_of(tensor.name)) is not None:
+                self._values[hf_name] = value
             head_field = arch.permuted.get(pattern_of(tensor.name)[0])
             if head_field is not None:
                 self._heads[hf_name] = getattr(config, head_field)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        return {name: tensor_shape(t) for name, t in self._tensors.items()}
+        return {name: self._shape(name, t) for name, t in self._tensors.items()}
+
+    def _shape(self, name: str, tensor: ReaderTensor) -> tuple[int, ...]:
+        shape = tensor_shape(tensor)
+        value = self._values.get(name)
+        return shape if value is None else tuple(value(torch.empty(shape, device="meta")).shape)
 
     def check_readable(self, names: Iterable[str]) -> None:
         for name in names:
@@ -73,16 +81,18 @@ class GGUFWeights:
         weight = dequantize(torch.from_numpy(tensor.data), tensor.tensor_type, tensor_shape(tensor))
         if self._shift_norms and name.endswith("norm.weight"):
             weight = weight - 1
+        if name in self._values:
+            weight = self._values[name](weight.float())
         return self._unpermute(name, weight)
 
     def native_format(self, name: str) -> tuple[str, int | None] | None:
-        """The llmpipe weight format a tensor maps onto without a float round trip, if any."""
-        return NATIVE_FORMATS.get(self._tensors[name].tensor_type)
+        """The llmpipe weight format a tensor maps onto without a float round trip, if any (none where its values
+        are transformed)."""
+        return None if name in self._values else NATIVE_FORMATS.get(self._tensors[name].tensor_type)
 
     def stored_bytes(self, name: str) -> int | None:
         """Resident bytes of a tensor loaded in its NATIVE_FORMATS format (None: it loads dequantized)."""
-        tensor = self._tensors[name]
-        fmt = NATIVE_FORMATS.get(tensor.tensor_type)
+        tensor, fmt = self._tensors[name], self.native_format(name)
         if fmt is None:
             return None
         if fmt == GGML_FORMAT:

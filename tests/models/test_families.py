@@ -38,13 +38,14 @@ def test_an_unknown_architecture_is_refused_naming_the_supported_ones():
     with pytest.raises(UnsupportedModelError, match=r"architecture 'olmo2' is not supported \(supported: llama, "
                                                     r"mistral, qwen2, qwen3, gemma3_text, gemma3, deepseek_v4, phi3, "
                                                     r"qwen2_moe, qwen3_moe, qwen2moe, qwen3moe, gpt_oss, gpt-oss, "
-                                                    r"qwen3_5_text, qwen3_5\)"):
+                                                    r"qwen3_5_text, qwen3_5, qwen35\)"):
         family_of("olmo2")
 
 
 def test_an_unknown_gguf_architecture_is_refused_naming_the_supported_ones(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"GGUF architecture 'phi3' is not supported "
-                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss\)"):
+                                                    r"\(supported: llama, qwen2, qwen3, gemma3, qwen2moe, qwen3moe, gpt-oss, "
+                                                    r"qwen35\)"):
         gguf_architecture("phi3", tmp_path)
 
 

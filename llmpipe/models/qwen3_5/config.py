@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.loader.hf_rope import hf_rope
@@ -33,6 +33,10 @@ class Qwen35Fields:
     linear_value_head_dim: int
     linear_conv_kernel_dim: int
     partial_rotary_factor: float
+    # Value heads in llama.cpp's tiled order (a GGUF: its converter reorders them so that key head i serves value
+    # heads i, i + K, ...), not grouped by key head as Hugging Face stores them. Only the key heads' expansion
+    # depends on it: every other value-head tensor was permuted alike.
+    v_heads_tiled: bool = False
 
     def rotary_dim(self, head_dim: int) -> int:
         """Channels RoPE turns at the start of each head (transformers truncates head_dim × factor)."""
@@ -94,3 +98,18 @@ def qwen35_hf_config_fields(fields: Qwen35Fields, layer_types: tuple[str, ...], 
     """What hf_config_dict adds for a qwen3_5_text model (read back by qwen35_hf_fields)."""
     return {**{key: getattr(fields, key) for key in LINEAR_FIELDS}, "partial_rotary_factor": fields.partial_rotary_factor,
             "layer_types": list(layer_types), "attention_bias": attention_bias}
+
+
+def qwen35_gguf_fields(hp: Callable[..., Any]) -> dict[str, Any]:
+    """The ModelConfig fields Qwen3.5 sets itself, from GGUF `qwen35.*` metadata (llama.cpp's names: the SSM's state
+    size is the key head dim, its group count the key heads, its time-step rank the value heads)."""
+    layers, key_dim = int(hp("block_count")), int(hp("attention.key_length"))
+    value_heads = int(hp("ssm.time_step_rank"))
+    fields = Qwen35Fields(int(hp("ssm.group_count")), value_heads, int(hp("ssm.state_size")),
+                          int(hp("ssm.inner_size")) // value_heads, int(hp("ssm.conv_kernel")),
+                          int(hp("rope.dimension_count")) / key_dim, v_heads_tiled=True)
+    recurrent = hp("attention.recurrent_layers", None)
+    if recurrent is None:
+        every = int(hp("full_attention_interval", FULL_ATTENTION_INTERVAL))
+        recurrent = [(i + 1) % every != 0 for i in range(layers)]
+    return dict(layer_types=tuple(LAYER_TYPES[not r] for r in recurrent[:layers]), qk_norm=True, extra=fields)

@@ -70,6 +70,7 @@ class Qwen35GatedDeltaNet(nn.Module):
         f = cfg.extra
         self.num_k_heads, self.num_v_heads = f.linear_num_key_heads, f.linear_num_value_heads
         self.k_dim, self.v_dim = f.linear_key_head_dim, f.linear_value_head_dim
+        self.tiled = f.v_heads_tiled  # which value heads a key head serves (expand_heads)
         self.key_size, self.value_size = self.num_k_heads * self.k_dim, self.num_v_heads * self.v_dim
         self.conv_dim = 2 * self.key_size + self.value_size  # the conv runs over q, k and v together
         self.in_proj = Linear(cfg.hidden_size, self.conv_dim + self.value_size + 2 * self.num_v_heads, bias=False)
@@ -130,7 +131,7 @@ class Qwen35GatedDeltaNet(nn.Module):
     def _heads(self, mixed: torch.Tensor) -> Heads:
         """The conv's output → q and k (one head per value head, l2-normalized, q scaled) and v."""
         q, k, v = mixed.split([self.key_size, self.key_size, self.value_size], dim=-1)
-        q, k = (expand_heads(t.unflatten(-1, (self.num_k_heads, self.k_dim)), self.num_v_heads) for t in (q, k))
+        q, k = (expand_heads(t.unflatten(-1, (self.num_k_heads, self.k_dim)), self.num_v_heads, self.tiled) for t in (q, k))
         return *normalize_qk(q, k), v.unflatten(-1, (self.num_v_heads, self.v_dim))
 
     def kv_cache_spec(self) -> KVCacheSpec:
