@@ -47,7 +47,7 @@ _CONVERT = """
 import importlib.util, sys
 script, hf_dir, out, outtype, pre = sys.argv[1:6]
 sys.path.insert(0, script.rpartition("/")[0])
-sys.argv = [script, hf_dir, "--outfile", out, "--outtype", outtype]
+sys.argv = [script, hf_dir, "--outfile", out, "--outtype", outtype, *sys.argv[6:]]
 spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", script)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -97,7 +97,8 @@ def convert(shape: Shape, hf_dir: Path, out: Path, log: Path) -> None:
     script = peers.converter_script()
     part = out.with_suffix(".part")
     logger.warning("%s: convert_hf_to_gguf.py → %s (log: %s)", shape.name, out.name, log)
-    _logged([sys.executable, "-c", _CONVERT, str(script), str(hf_dir), str(part), "bf16", shape.bpe_pre], log)
+    _logged([sys.executable, "-c", _CONVERT, str(script), str(hf_dir), str(part), "bf16", shape.bpe_pre,
+             *shape.converter_args], log)
     part.rename(out)
 
 
@@ -149,7 +150,8 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> Finis
 # ---- llmpipe: one fresh process -------------------------------------------------------------
 
 
-def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]) -> dict[str, Any]:
+def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str],
+                  prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
     """In a fresh process: load (load_memory's timing and RSS), then the latency and throughput
     benches' own measurements of batch-1 decode, prefill and a batch."""
     from llmpipe.bench import latency, load_memory, throughput
@@ -167,7 +169,7 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
         run = latency.run_llmpipe(llm, random_prompt(vocab, DECODE_PROMPT), DECODE_TOKENS)
         result["tg"] = run["decode_tokens_per_s"]
     if "prefill" not in skip:
-        result["pp"] = PREFILL_TOKENS / min(latency.ttft_samples(llm, PREFILL_TOKENS))
+        result["pp"] = prefill_tokens / min(latency.ttft_samples(llm, prefill_tokens))
     if "batched" not in skip:
         prompts = [random_prompt(vocab, BATCH_INPUT, seed=i) for i in range(BATCH)]
         seconds, stats, _ = throughput.run_batched(llm, prompts, BATCH_OUTPUT)
@@ -176,9 +178,10 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
     return result
 
 
-def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str]) -> dict[str, Any]:
+def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
+                prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
     command = [sys.executable, "-m", "llmpipe.bench.realsize", "--child", str(gguf), "--kv-cache-memory",
-               kv_cache_memory, "--threads", str(threads), "--skip", *skip]
+               kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens), "--skip", *skip]
     done = run_measured(command)
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
@@ -209,13 +212,13 @@ def llama_cpp_load(gguf: Path, threads: int, context: int) -> dict[str, Any]:
             "load_s_from": "llama.cpp's load time" if reported else "process wall time", "peak_rss": done.max_rss}
 
 
-def run_llama_cpp(gguf: Path, threads: int, skip: list[str]) -> dict[str, Any]:
+def run_llama_cpp(gguf: Path, threads: int, skip: list[str], prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
     result = llama_cpp_load(gguf, threads, BATCH * (BATCH_INPUT + BATCH_OUTPUT))
     kinds = tuple(kind for step, kind in (("prefill", "pp"), ("decode", "tg")) if step not in skip)
     try:
         if kinds:
-            rates = peers.llama_bench(gguf, threads, PREFILL_TOKENS, DECODE_TOKENS, kinds=kinds)
-            result |= {"llama_bench": rates, "pp": rates.get(f"pp{PREFILL_TOKENS}"), "tg": rates.get(f"tg{DECODE_TOKENS}")}
+            rates = peers.llama_bench(gguf, threads, prefill_tokens, DECODE_TOKENS, kinds=kinds)
+            result |= {"llama_bench": rates, "pp": rates.get(f"pp{prefill_tokens}"), "tg": rates.get(f"tg{DECODE_TOKENS}")}
         if "batched" not in skip:
             result["batched"] = peers.llama_batched_bench(gguf, threads, BATCH, BATCH_INPUT, BATCH_OUTPUT)
     except peers.PeerUnavailableError as e:
@@ -227,14 +230,16 @@ def run_llama_cpp(gguf: Path, threads: int, skip: list[str]) -> dict[str, Any]:
 
 
 def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) -> dict[str, Any]:
-    kv = args.kv_cache_memory or ("256MiB" if model == "llama-3.2-1b" else "1GiB")
+    # A hybrid's pool gives half to its states (50 MiB a sequence for Qwen3.5-9B): 2 GiB runs the 16 sequences at once.
+    kv = args.kv_cache_memory or ("256MiB" if model == "llama-3.2-1b" else "2GiB" if SHAPES[model].hybrid else "1GiB")
     file_bytes = gguf.stat().st_size
     row: dict[str, Any] = {"model": model, "type": qtype, "file": str(gguf), "file_bytes": file_bytes,
+                           "prefill_tokens": args.prefill_tokens,
                            "bytes_per_token": bytes_per_token(gguf),
                            "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
-    row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip)
-    row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip)
+    row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens)
+    row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens)
     add_ratios(row, bandwidth)
     return row
 
@@ -302,11 +307,12 @@ def _roofline_cell(row: dict[str, Any]) -> str:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per (model, type): llmpipe / llama.cpp (llmpipe ÷ llama.cpp) for each figure."""
     head = ["model", "type", "GiB", "load s", "peak RSS GiB", f"tg{DECODE_TOKENS} tok/s", "tg of roofline",
-            f"pp{PREFILL_TOKENS} tok/s", f"batched {BATCH}×{BATCH_INPUT}/{BATCH_OUTPUT} tok/s"]
+            "pp tok/s (prompt tokens)", f"batched {BATCH}×{BATCH_INPUT}/{BATCH_OUTPUT} tok/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row["model"], row["type"], f"{row['file_bytes'] / GiB:.2f}", _cell(row, "load_s"),
-                 _cell(row, "peak_rss", GiB, "{:.2f}"), _cell(row, "tg"), _roofline_cell(row), _cell(row, "pp"),
+                 _cell(row, "peak_rss", GiB, "{:.2f}"), _cell(row, "tg"), _roofline_cell(row),
+                 f"{_cell(row, 'pp')} ({row.get('prefill_tokens', PREFILL_TOKENS)})",
                  _cell(row, "batched")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("each cell: llmpipe / llama.cpp (ratio llmpipe ÷ llama.cpp; for load s and RSS lower is better)")
@@ -417,8 +423,11 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES), metavar="TYPE",
                         help=f"llama-quantize types (default: {' '.join(TYPES)}; each model the ones it takes)")
     parser.add_argument("--skip", nargs="*", choices=list(STEPS), default=[], help="measurements to leave out")
+    parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
+                        help=f"the prefill measurement's prompt (llama-bench's ppN; default {PREFILL_TOKENS})")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
-    parser.add_argument("--kv-cache-memory", default=None, help="llmpipe's KV pool (default 1GiB, 256MiB for the 1B)")
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="llmpipe's KV pool (default 1GiB; 256MiB for the 1B, 2GiB for a hybrid)")
     parser.add_argument("--cache", default=str(CACHE), help="where the GGUFs are kept")
     parser.add_argument("--prepare-only", action="store_true", help="make the GGUFs, measure nothing")
     parser.add_argument("--keep-bf16", action="store_true", help="keep each model's bfloat16 GGUF (for more types later)")
@@ -437,5 +446,7 @@ if __name__ == "__main__":
     parser.add_argument("--kv-cache-memory", required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--skip", nargs="*", default=[])
+    parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parsed = parser.parse_args()
-    print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip)))
+    print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip,
+                                   parsed.prefill_tokens)))

@@ -57,10 +57,26 @@ class Shape:
     experts: int = 0  # a mixture of experts: how many, how many a token reads, and each one's width
     experts_per_token: int = 0
     expert_intermediate: int = 0
+    # A hybrid (Qwen3.5): its Gated DeltaNet layers' key heads, value heads, key and value head dims; every
+    # `full_attention_interval`-th layer is gated full attention with partial RoPE
+    linear: tuple[int, int, int, int] = ()
+    full_attention_interval: int = 4
 
     @property
     def head_dim(self) -> int:
         return self.explicit_head_dim or self.hidden // self.heads
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.linear)
+
+    def linear_layer(self, i: int) -> bool:
+        return self.hybrid and (i + 1) % self.full_attention_interval != 0
+
+    @property
+    def converter_args(self) -> tuple[str, ...]:
+        """Beyond the paths: Qwen3.5's converter expects multi-token-prediction layers unless told there are none."""
+        return ("--no-mtp",) if self.hybrid else ()
 
     @property
     def qkv_bias(self) -> bool:
@@ -110,6 +126,17 @@ class Shape:
                        "swiglu_limit": 7.0, "pad_token_id": bos + 1,
                        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
                            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}}
+        elif self.hybrid:  # Qwen3_5TextConfig's names
+            k_heads, v_heads, k_dim, v_dim = self.linear
+            config |= {"head_dim": self.head_dim, "attention_bias": False,
+                       "layer_types": ["linear_attention" if self.linear_layer(i) else "full_attention"
+                                       for i in range(self.layers)],
+                       "full_attention_interval": self.full_attention_interval, "linear_conv_kernel_dim": 4,
+                       "linear_num_key_heads": k_heads, "linear_num_value_heads": v_heads,
+                       "linear_key_head_dim": k_dim, "linear_value_head_dim": v_dim,
+                       "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta,
+                                           "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+                                           "mrope_interleaved": True}}
         else:
             config |= {"use_sliding_window": False, "sliding_window": self.max_position,
                        "max_window_layers": self.layers, "rope_scaling": None}
@@ -122,6 +149,11 @@ class Shape:
         for i in range(self.layers):
             p = f"model.layers.{i}."
             yield p + "input_layernorm.weight", (self.hidden,)
+            if self.hybrid:
+                yield from self._hybrid_mixer(p, i)
+                yield p + "post_attention_layernorm.weight", (self.hidden,)
+                yield from self._mlp(f"{p}mlp.", self.intermediate)
+                continue
             for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
                 yield p + f"self_attn.{proj}.weight", (rows, self.hidden)
                 if self.qkv_bias:
@@ -157,6 +189,29 @@ class Shape:
             yield prefix + f"experts.{proj}_scales", (experts, rows, columns // 32)
             yield prefix + f"experts.{proj}_bias", (experts, rows)
 
+    def _hybrid_mixer(self, p: str, i: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """A Qwen3.5 layer's Gated DeltaNet, or its gated attention (q_proj: per head [q | gate])."""
+        if not self.linear_layer(i):
+            q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+            for proj, rows in (("q_proj", 2 * q), ("k_proj", kv), ("v_proj", kv)):
+                yield p + f"self_attn.{proj}.weight", (rows, self.hidden)
+            yield p + "self_attn.o_proj.weight", (self.hidden, q)
+            yield p + "self_attn.q_norm.weight", (self.head_dim,)
+            yield p + "self_attn.k_norm.weight", (self.head_dim,)
+            return
+        k_heads, v_heads, k_dim, v_dim = self.linear
+        channels, values = 2 * k_heads * k_dim + v_heads * v_dim, v_heads * v_dim
+        a = p + "linear_attn."
+        yield a + "in_proj_qkv.weight", (channels, self.hidden)
+        yield a + "in_proj_z.weight", (values, self.hidden)
+        yield a + "in_proj_b.weight", (v_heads, self.hidden)
+        yield a + "in_proj_a.weight", (v_heads, self.hidden)
+        yield a + "conv1d.weight", (channels, 1, 4)
+        yield a + "dt_bias", (v_heads,)
+        yield a + "A_log", (v_heads,)
+        yield a + "norm.weight", (v_dim,)
+        yield a + "out_proj.weight", (self.hidden, values)
+
     def _mlp(self, prefix: str, inner: int) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield prefix + "gate_proj.weight", (inner, self.hidden)
         yield prefix + "up_proj.weight", (inner, self.hidden)
@@ -184,7 +239,7 @@ def _llama(name: str, hidden: int, intermediate: int, layers: int, heads: int, f
 
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "gpt_oss": "GptOssForCausalLM"}
+                 "gpt_oss": "GptOssForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}
 QWEN3_SPECIALS = (*QWEN2_SPECIALS, "<|object_ref_start|>")
 SHAPES: dict[str, Shape] = {
     "llama-3.2-1b": _llama("llama-3.2-1b", 2048, 8192, 16, 32, 32.0, True),
@@ -201,6 +256,10 @@ SHAPES: dict[str, Shape] = {
                          expert_intermediate=2880,
                          rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "truncate": False, "original_max_position_embeddings": 4096}),
+    # transformers' Qwen3_5TextConfig defaults, "a Qwen3.5-9B style configuration": 24 Gated DeltaNet layers and 8
+    # gated full-attention layers (every 4th)
+    "qwen3.5-9b": Shape("qwen3.5-9b", "qwen3_5_text", 4096, 12288, 32, 16, 4, 248320, 248044, 33, QWEN3_SPECIALS,
+                        10000000.0, 1e-6, 262144, False, explicit_head_dim=256, linear=(16, 32, 128, 128)),
 }
 
 

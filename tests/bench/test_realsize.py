@@ -84,13 +84,14 @@ def test_the_synthetic_bpe_has_the_exact_size_and_consistent_merges():
     assert all(a in vocab and b in vocab and vocab[a + b] > max(vocab[a], vocab[b]) for a, b in merges)
 
 
-@pytest.mark.parametrize("base", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-30b-a3b-12l"])
+@pytest.mark.parametrize("base", ["llama-3.2-1b", "qwen2.5-7b", "qwen3-30b-a3b-12l", "qwen3.5-9b"])
 def test_a_tiny_checkpoint_written_tensor_by_tensor_loads_in_transformers(tmp_path, base):
     import transformers
 
     moe = dict(explicit_head_dim=32, experts=4, experts_per_token=2, expert_intermediate=48) if SHAPES[base].experts else {}
-    shape = dataclasses.replace(SHAPES[base], hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=640,
-                                regular_tokens=600, special_tokens=16, **moe)
+    hybrid = dict(explicit_head_dim=32, linear=(2, 4, 16, 16), layers=4) if SHAPES[base].hybrid else {}  # one full layer
+    shape = dataclasses.replace(SHAPES[base], **{**dict(hidden=64, intermediate=96, layers=2, heads=4, kv_heads=2, vocab=640,
+                                                        regular_tokens=600, special_tokens=16), **moe, **hybrid})
     out = write_checkpoint(shape, tmp_path / base, shard_bytes=20_000, progress=False)
     index = json.loads((out / "model.safetensors.index.json").read_text())
     names = dict(shape.tensors())
@@ -166,7 +167,7 @@ def test_the_table_puts_the_engines_side_by_side_with_ratios_and_roofline(tmp_pa
     assert row["llmpipe"]["tg_of_roofline"] == pytest.approx(0.25)
     table = realsize.markdown_table([row])
     assert "| llama-3.2-1b | Q8_0 | 0.93 | 2.0 / 1.0 (2.00x) |" in table
-    assert "10.0 / 20.0 (0.50x) | 25% / 50% | 100.0 / - |" in table
+    assert "10.0 / 20.0 (0.50x) | 25% / 50% | 100.0 / - (512) |" in table
     assert "llama-3.2-1b Q8_0 llama.cpp: pp512 failed" in table
     earlier = tmp_path / "realsize.json"
     earlier.write_text(json.dumps({"results": [dict(row, type="Q4_K_M"), dict(row, note="old")]}))
