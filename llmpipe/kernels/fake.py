@@ -85,6 +85,12 @@ def int8_gemm_dot(x: torch.Tensor, panels: torch.Tensor, N: int, bits: int = 8, 
     return _rows(x, N)
 
 
+@torch.library.register_fake("llmpipe::gated_delta_step")
+def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    return v.new_empty(v.shape, dtype=torch.float32)
+
+
 @torch.library.register_fake("llmpipe::greedy_argmax")
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.new_empty(logits.shape[0], dtype=torch.int64)

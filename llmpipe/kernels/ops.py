@@ -224,6 +224,13 @@ def decode_step(x: torch.Tensor, kv_pool: torch.Tensor, kv_scales: torch.Tensor 
                            final_norm)
 
 
+def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """One Gated DeltaNet decode token per row, on the pool's states state[slots] in place (kernels/csrc/gated_delta.c;
+    layers/gated_delta.py's gated_delta_step is the reference)."""
+    return _library().gated_delta_step(q, k, v, g, beta, state, slots)
+
+
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     """Each float32 row's argmax (kernels/csrc/greedy_argmax.c)."""
     return _library().greedy_argmax(logits)

@@ -237,3 +237,25 @@ def test_layer_follows_transformers_casts_in_bfloat16(hf_layer):
     y, _, _ = layer_prefill(layer, x, conv_state.bfloat16(), state)
     assert y.dtype == torch.bfloat16
     torch.testing.assert_close(y, expected)
+
+
+@pytest.mark.parametrize("dk, dv", [(16, 24), (128, 128)])
+def test_the_c_decode_step_updates_the_pools_states_in_place_as_the_pytorch_step(dk, dv):
+    """kernels/csrc/gated_delta.c on states where they sit in a pool, rows in any slot order: each row's output and
+    its slot's new state as gated_delta_step's on a gathered copy; slots no row names keep their bits."""
+    from llmpipe.kernels import ops
+
+    torch.manual_seed(0)
+    batch, heads, pool = 3, 4, 6
+    q, k = normalize_qk(torch.randn(batch, heads, dk), torch.randn(batch, heads, dk))
+    v, g, beta = torch.randn(batch, heads, dv), -torch.rand(batch, heads), torch.rand(batch, heads)
+    state = torch.randn(pool, heads, dk, dv)
+    slots = torch.tensor([4, 0, 2])
+    expected_state = state[slots].clone()
+    expected = gated_delta_step(q, k, v, g, beta, expected_state)
+    before = state.clone()
+    out = ops.gated_delta_step(q, k, v, g, beta, state, slots)
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(state[slots], expected_state, atol=ATOL, rtol=0)
+    untouched = torch.tensor([1, 3, 5])
+    assert torch.equal(state[untouched], before[untouched])

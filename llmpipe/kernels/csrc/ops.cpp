@@ -55,6 +55,9 @@ void int8_gemm_dot(const float *x, const uint8_t *panels, float *y, int64_t M, i
                    int64_t isa);
 // greedy_argmax.c
 void greedy_argmax(const float *logits, int64_t *out, int64_t rows, int64_t n);
+// gated_delta.c
+void gated_delta_step(const float *q, const float *k, const float *v, const float *g, const float *beta, float *state,
+                      const int64_t *slots, float *out, int64_t batch, int64_t heads, int64_t dk, int64_t dv);
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
@@ -346,6 +349,39 @@ at::Tensor greedy_argmax(const at::Tensor &logits) {
     return out;
 }
 
+// One Gated DeltaNet decode token per row on the pool's states, in place: q, k [B, H, dk], v [B, H, dv], g, beta
+// [B, H] float32; state [slots, H, dk, dv] float32; slots int64 [B], distinct. Returns out [B, H, dv].
+at::Tensor gated_delta_step(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &g,
+                            const at::Tensor &beta, const at::Tensor &state, const at::Tensor &slots) {
+    const char *op = "gated_delta_step";
+    check(op, "q", q, at::kFloat, 3);
+    check(op, "k", k, at::kFloat, 3);
+    check(op, "v", v, at::kFloat, 3);
+    check(op, "g", g, at::kFloat, 2);
+    check(op, "beta", beta, at::kFloat, 2);
+    check(op, "state", state, at::kFloat, 4);
+    check(op, "slots", slots, at::kLong, 1);
+    const int64_t B = q.size(0), H = q.size(1), dk = q.size(2), dv = v.size(2);
+    TORCH_CHECK(k.sizes() == q.sizes(), op, ": k must be shaped like q ", q.sizes(), ", got ", k.sizes());
+    TORCH_CHECK(v.size(0) == B && v.size(1) == H, op, ": v must be [", B, ", ", H, ", dv], got ", v.sizes());
+    TORCH_CHECK(g.size(0) == B && g.size(1) == H && beta.sizes() == g.sizes(), op, ": g and beta must be [", B, ", ",
+                H, "]");
+    TORCH_CHECK(state.size(1) == H && state.size(2) == dk && state.size(3) == dv, op, ": state must be [slots, ", H,
+                ", ", dk, ", ", dv, "], got ", state.sizes());
+    TORCH_CHECK(dv <= 1024, op, ": v_dim must be at most 1024, got ", dv);
+    check_size(op, "slots", slots, 0, B);
+    const int64_t *slot = slots.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; b++)
+        TORCH_CHECK(slot[b] >= 0 && slot[b] < state.size(0), op, ": slot ", slot[b], " is outside the pool's ",
+                    state.size(0));
+    at::Tensor out = at::empty({B, H, dv}, at::dtype(at::kFloat));
+    if (B > 0)
+        kernels::gated_delta_step(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(),
+                                  g.const_data_ptr<float>(), beta.const_data_ptr<float>(),
+                                  state.mutable_data_ptr<float>(), slot, out.mutable_data_ptr<float>(), B, H, dk, dv);
+    return out;
+}
+
 struct Cache {
     int64_t num_blocks, block_size, kv_heads, head_dim;
 };
@@ -524,6 +560,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("has_vnni() -> int", &has_vnni);  // no tensors to dispatch on: one kernel for every backend
     m.def("has_amx() -> int", &has_amx);
     m.def("greedy_argmax(Tensor logits) -> Tensor");
+    m.def("gated_delta_step(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, Tensor slots) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
           "int? window, Tensor? kv_scales=None, Tensor? sinks=None) -> Tensor");
@@ -549,6 +586,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("ggml_linear_dot", &ggml_linear_dot);
     m.impl("ggml_segments_dot", &ggml_segments_dot);
     m.impl("greedy_argmax", &greedy_argmax);
+    m.impl("gated_delta_step", &gated_delta_step);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);
     m.impl("rope_write_decode_attention", &rope_write_decode_attention);

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from llmpipe.config import ModelConfig
+from llmpipe.kernels import ops
 from llmpipe.kv_cache.kinds import KVCacheSpec, attention_spec
 from llmpipe.kv_cache.kinds.recurrent import RecurrentMetadata, RecurrentState, RecurrentStateSpec, StateChunk
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
@@ -99,11 +100,18 @@ class Qwen35GatedDeltaNet(nn.Module):
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: RecurrentState,
                 slots: torch.Tensor) -> torch.Tensor:
-        """One token for each decode row: its sequence's states gathered, stepped and written back to their slots."""
-        conv, ssm = state.conv[slots], state.ssm[slots]
+        """One token for each decode row. The conv states (a few rows each) are gathered, stepped and written back;
+        the SSM states are updated where they sit in the pool by the C kernel (each read and written once), or, off
+        the CPU, gathered and scattered around the PyTorch step."""
+        conv = state.conv[slots]
         mixed = causal_conv1d_step(qkv, self.conv1d.weight[:, 0], self.conv1d.bias, conv)
-        out = gated_delta_step(*self._heads(mixed), g, beta, ssm)
-        state.conv[slots], state.ssm[slots] = conv, ssm
+        state.conv[slots] = conv
+        q, k, v = self._heads(mixed)
+        if state.ssm.device.type == "cpu":
+            return ops.gated_delta_step(q, k, v.float().contiguous(), g, beta.float(), state.ssm, slots).to(v.dtype)
+        ssm = state.ssm[slots]
+        out = gated_delta_step(q, k, v, g, beta, ssm)
+        state.ssm[slots] = ssm
         return out
 
     def _prefill(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: RecurrentState,
