@@ -4,21 +4,24 @@ Weights: the tensors runtime quantization converts (`llmpipe.quant.apply.quant_p
 layer and the LM head) at the quantized width, scales included (as `weight_bytes_per_param` counts
 them); norms, biases and an untied embedding stay in `dtype`. A GGUF loaded as it is ("auto") counts
 each tensor kept quantized at the bytes it takes (`stored`: the file's own for the GGML types). KV:
-`kv_bytes_per_token`, allocated in whole blocks per sequence, as the engine does. The process adds
-RUNTIME_BYTES: what Python, PyTorch and llmpipe hold before any model.
+`kv_bytes_per_token`, allocated in whole blocks per sequence, as the engine does; a hybrid's linear-attention
+layers (Qwen3.5) instead keep a fixed state per sequence, whatever its length (`state_bytes_per_sequence`, from the
+specs its layers report). The process adds RUNTIME_BYTES: what Python, PyTorch and llmpipe hold before any model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.diagnose.costs import expert_share, read_share
-from llmpipe.kv_cache.paged import kv_bytes_per_token, num_blocks_for
+from llmpipe.kv_cache.paged import kv_bytes_per_token
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.gpt_oss.config import GptOssFields, alternating_layer_types
+from llmpipe.models.qwen3_5.config import Qwen35Fields
 from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import quant_plan
@@ -55,7 +58,15 @@ NAMED_ARCHITECTURES: dict[str, ModelConfig] = {
     # gpt-oss-20b / -120b: 32 / 128 experts of 2,880, 4 a token (3.6B of 20.9B, 5.1B of 116.8B parameters)
     "gpt-oss-20b": _gpt_oss(24, 32),
     "gpt-oss-120b": _gpt_oss(36, 128),
+    # transformers' Qwen3_5TextConfig defaults ("a Qwen3.5-9B style configuration"): 24 Gated DeltaNet layers with a
+    # fixed state each, 8 gated full-attention layers with a K/V cache
+    "qwen3.5-9b": ModelConfig(
+        architecture="qwen3_5_text", vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+        num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=262144, rope_theta=1e7,
+        qk_norm=True, layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(32)),
+        extra=Qwen35Fields(16, 32, 128, 128, 4, 0.25)),
 }
+HYBRID_CONTEXTS = (4096, 32768, 131072)  # the seeds' table for a hybrid: its cache against a dense model's
 
 NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
 # Resident before a model loads: the interpreter, PyTorch, llmpipe and its kernels (VmRSS after importing
@@ -113,6 +124,41 @@ def blocks_per_sequence(context: int, block_size: int) -> int:
     return -(-context // block_size)
 
 
+def state_bytes_per_sequence(cfg: ModelConfig) -> int:
+    """A sequence's fixed states (a hybrid's linear-attention layers; 0 for other models), from the cache specs the
+    family's layers report (the model built on the meta device)."""
+    import torch
+
+    from llmpipe.kv_cache.layout import kv_cache_layout, kv_cache_specs
+
+    if cfg.layer_types is None or "linear_attention" not in cfg.layer_types:
+        return 0
+    with torch.device("meta"):
+        model = family_of(cfg.architecture).model_class(cfg)
+    return kv_cache_layout(kv_cache_specs(model)).state_bytes()
+
+
+@dataclass
+class HybridRow:
+    """One context length: a hybrid's cache per sequence, by layer kind, against a dense model's of its shape."""
+
+    context: int
+    attention_bytes: int  # the full-attention layers' K/V, whole blocks
+    state_bytes: int  # the linear-attention layers' states
+    dense_bytes: int  # every layer full attention, same heads
+
+    @property
+    def ratio(self) -> float:
+        return (self.attention_bytes + self.state_bytes) / self.dense_bytes
+
+
+def hybrid_rows(cfg: ModelConfig, dtype: str, kv_cache_dtype: str, block_size: int, states: int) -> list[HybridRow]:
+    dense = dataclasses.replace(cfg, layer_types=None)
+    per_token, dense_per_token = (kv_bytes_per_token(c, DTYPES[dtype], kv_cache_dtype) for c in (cfg, dense))
+    slots = [blocks_per_sequence(n, block_size) * block_size for n in HYBRID_CONTEXTS]
+    return [HybridRow(n, t * per_token, states, t * dense_per_token) for n, t in zip(HYBRID_CONTEXTS, slots)]
+
+
 @dataclass
 class MemoryPlan:
     model: str
@@ -124,13 +170,15 @@ class MemoryPlan:
     kv_bytes_per_token: int
     context: int
     block_size: int
-    kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them
+    kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them, and the sequence's states
     batch: int
     total_bytes: int  # weights + batch sequences of KV
     process_bytes: int  # the process at its peak: RUNTIME_BYTES + total_bytes
     memory: int | None = None
     max_sequences: int | None = None  # at this context, in `memory`
     notes: list[str] = field(default_factory=list)
+    state_bytes_per_sequence: int = 0  # a hybrid's linear-attention states (in kv_bytes_per_sequence)
+    hybrid: list[HybridRow] = field(default_factory=list)  # a hybrid's cache by layer kind against a dense model's
 
     @property
     def fits(self) -> bool | None:
@@ -145,13 +193,15 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
     weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
     blocks = blocks_per_sequence(context, block_size)
-    per_sequence = blocks * block_size * per_token
+    states = state_bytes_per_sequence(cfg)
+    per_sequence = blocks * block_size * per_token + states
     plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
                       block_size, per_sequence, batch, weights.resident + batch * per_sequence,
-                      RUNTIME_BYTES + weights.resident + batch * per_sequence, memory)
+                      RUNTIME_BYTES + weights.resident + batch * per_sequence, memory, state_bytes_per_sequence=states)
+    if states:
+        plan.hybrid = hybrid_rows(cfg, dtype, kv_cache_dtype, block_size, states)
     if memory is not None:
-        kv_budget = max(memory - weights.resident, 0)
-        plan.max_sequences = num_blocks_for(kv_budget, cfg, block_size, DTYPES[dtype], kv_cache_dtype) // blocks
+        plan.max_sequences = max(memory - weights.resident, 0) // per_sequence
     plan.notes = rounding_notes(plan)
     return plan
 

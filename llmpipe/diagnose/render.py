@@ -95,9 +95,11 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
     kv_kind = "" if p.kv_cache_dtype == "auto" else f" ({p.kv_cache_dtype})"
     rows = [("parameters", f"{w.params:,}{arch_note}"),
             (f"weights ({p.dtype}{quant})", fmt_bytes(w.resident)),
-            *([("active per token (experts it is routed to)", f"{w.active_params:,} parameters, "
+            *([("read per decoded token (routed experts; no embedding rows)", f"{w.active_params:,} parameters, "
                 f"{fmt_bytes(w.active_resident)} read per decoded token")] if w.active_params < w.params else []),
             (f"KV cache per token{kv_kind}", f"{p.kv_bytes_per_token:,} B = {p.kv_bytes_per_token / 2**20:.3g} MiB"),
+            *([("recurrent states per sequence (any length)", fmt_bytes(p.state_bytes_per_sequence))]
+              if p.state_bytes_per_sequence else []),
             (f"KV per {p.context:,}-token sequence", fmt_bytes(p.kv_bytes_per_sequence)),
             (f"weights + KV of {p.batch} sequence(s)", fmt_bytes(p.total_bytes)),
             ("the process at its peak (+ runtime)", fmt_bytes(p.process_bytes))]
@@ -107,6 +109,12 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
                      f"of {p.context:,} tokens"))
     width = max(len(key) for key, _ in rows)
     lines = [f"llmpipe memory: {p.model}"] + [f"  {key.ljust(width)}  {value}" for key, value in rows]
+    if p.hybrid:
+        lines += ["cache per sequence by layer kind, against a dense model of the same shape (every layer full attention):",
+                  format_table([["context", "full-attention K/V", "linear-attention states", "total", "dense", "ratio"]]
+                               + [[f"{r.context:,}", _binary(r.attention_bytes), _binary(r.state_bytes),
+                                   _binary(r.attention_bytes + r.state_bytes), _binary(r.dense_bytes), f"{r.ratio:.3f}"]
+                                  for r in p.hybrid])]
     return "\n".join(lines + [f"note: {note}" for note in p.notes])
 
 

@@ -37,12 +37,6 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str
     return vectors * per_vector
 
 
-def num_blocks_for(
-    memory_bytes: int, cfg: ModelConfig, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
-) -> int:
-    return memory_bytes // (kv_bytes_per_token(cfg, dtype, kv_cache_dtype) * block_size)
-
-
 class KVCache(Protocol):
     """What the engine uses of a family's KV cache class."""
 

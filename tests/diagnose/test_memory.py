@@ -176,3 +176,25 @@ def test_plan_matches_what_the_engine_holds(tiny_checkpoint, quantization):
         assert planned == llm.engine.weight_bytes
     else:  # the engine's packing (bf16 scales, padded row blocks) differs from the plan's by a little
         assert planned == pytest.approx(llm.engine.weight_bytes, rel=0.03)
+
+
+def test_a_hybrid_counts_its_states_once_per_sequence_against_a_dense_model():
+    """Qwen3.5-9B's shape: 24 Gated DeltaNet layers' conv and SSM states (float32, any length) beside 8 layers' K/V;
+    at 32K tokens the cache is about a quarter of a dense model's of the same heads."""
+    cfg = NAMED_ARCHITECTURES["qwen3.5-9b"]
+    states = 24 * 4 * ((2 * 16 * 128 + 32 * 128) * 3 + 32 * 128 * 128)
+    plan = plan_memory(cfg, "qwen3.5-9b", dtype="bfloat16", context=32768)
+    assert plan.state_bytes_per_sequence == states
+    assert plan.kv_bytes_per_token == 8 * 2 * 4 * 256 * 2
+    assert plan.kv_bytes_per_sequence == 32768 * plan.kv_bytes_per_token + states
+    at_32k = next(row for row in plan.hybrid if row.context == 32768)
+    assert at_32k.dense_bytes == 4 * 32768 * plan.kv_bytes_per_token and at_32k.ratio <= 0.3
+
+
+def test_a_hybrids_plan_is_what_the_engine_holds_for_a_sequence(tiny_checkpoint):
+    """The plan's per-sequence bytes (K/V in whole blocks, and the states) as the engine's own accounting gives them."""
+    from llmpipe.llm import LLM
+
+    llm = LLM(str(tiny_checkpoint("qwen3_5")), progress=False, block_size=16)
+    plan = plan_memory(llm.engine.config.model_config, "tiny", context=300)
+    assert plan.kv_bytes_per_sequence == llm.engine.kv_bytes_per_sequence(300)
