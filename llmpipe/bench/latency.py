@@ -45,9 +45,9 @@ class Variant:
 TTFT_TRIALS = 3  # TTFT is the best of a few prefills (distinct prompts, so no prefix-cache hit)
 
 
-def ttft_samples(llm: LLM, length: int) -> list[float]:
+def ttft_samples(llm: LLM, length: int, trials: int = TTFT_TRIALS) -> list[float]:
     vocab = llm.engine.config.model_config.vocab_size
-    return [run_llmpipe(llm, random_prompt(vocab, length, seed=100 + t), 1)["ttft_s"] for t in range(TTFT_TRIALS)]
+    return [run_llmpipe(llm, random_prompt(vocab, length, seed=100 + t), 1)["ttft_s"] for t in range(trials)]
 
 
 def run_llmpipe(llm: LLM, prompt_ids: list[int], new_tokens: int) -> dict:

@@ -37,6 +37,7 @@ TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-os
 STEPS = ("decode", "prefill", "batched")
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
 PREFILL_TOKENS = 512
+REPETITIONS = 3  # llama-bench's default -r is 5; the best of 3 of each engine
 BATCH, BATCH_INPUT, BATCH_OUTPUT = 16, 128, 128
 GiB = 2**30
 
@@ -151,7 +152,7 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> Finis
 
 
 def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str],
-                  prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
+                  prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS) -> dict[str, Any]:
     """In a fresh process: load (load_memory's timing and RSS), then the latency and throughput
     benches' own measurements of batch-1 decode, prefill and a batch."""
     from llmpipe.bench import latency, load_memory, throughput
@@ -169,7 +170,7 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
         run = latency.run_llmpipe(llm, random_prompt(vocab, DECODE_PROMPT), DECODE_TOKENS)
         result["tg"] = run["decode_tokens_per_s"]
     if "prefill" not in skip:
-        result["pp"] = prefill_tokens / min(latency.ttft_samples(llm, prefill_tokens))
+        result["pp"] = prefill_tokens / min(latency.ttft_samples(llm, prefill_tokens, repetitions))
     if "batched" not in skip:
         prompts = [random_prompt(vocab, BATCH_INPUT, seed=i) for i in range(BATCH)]
         seconds, stats, _ = throughput.run_batched(llm, prompts, BATCH_OUTPUT)
@@ -179,9 +180,10 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
 
 
 def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
-                prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
+                prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS) -> dict[str, Any]:
     command = [sys.executable, "-m", "llmpipe.bench.realsize", "--child", str(gguf), "--kv-cache-memory",
-               kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens), "--skip", *skip]
+               kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens),
+               "--repetitions", str(repetitions), "--skip", *skip]
     done = run_measured(command)
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
@@ -212,12 +214,13 @@ def llama_cpp_load(gguf: Path, threads: int, context: int) -> dict[str, Any]:
             "load_s_from": "llama.cpp's load time" if reported else "process wall time", "peak_rss": done.max_rss}
 
 
-def run_llama_cpp(gguf: Path, threads: int, skip: list[str], prefill_tokens: int = PREFILL_TOKENS) -> dict[str, Any]:
+def run_llama_cpp(gguf: Path, threads: int, skip: list[str], prefill_tokens: int = PREFILL_TOKENS,
+                  repetitions: int = REPETITIONS) -> dict[str, Any]:
     result = llama_cpp_load(gguf, threads, BATCH * (BATCH_INPUT + BATCH_OUTPUT))
     kinds = tuple(kind for step, kind in (("prefill", "pp"), ("decode", "tg")) if step not in skip)
     try:
         if kinds:
-            rates = peers.llama_bench(gguf, threads, prefill_tokens, DECODE_TOKENS, kinds=kinds)
+            rates = peers.llama_bench(gguf, threads, prefill_tokens, DECODE_TOKENS, repetitions, kinds=kinds)
             result |= {"llama_bench": rates, "pp": rates.get(f"pp{prefill_tokens}"), "tg": rates.get(f"tg{DECODE_TOKENS}")}
         if "batched" not in skip:
             result["batched"] = peers.llama_batched_bench(gguf, threads, BATCH, BATCH_INPUT, BATCH_OUTPUT)
@@ -238,8 +241,8 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
                            "bytes_per_token": bytes_per_token(gguf),
                            "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
-    row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens)
-    row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens)
+    row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions)
+    row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens, args.repetitions)
     add_ratios(row, bandwidth)
     return row
 
@@ -425,6 +428,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--skip", nargs="*", choices=list(STEPS), default=[], help="measurements to leave out")
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
                         help=f"the prefill measurement's prompt (llama-bench's ppN; default {PREFILL_TOKENS})")
+    parser.add_argument("--repetitions", type=int, default=REPETITIONS,
+                        help=f"prefills each engine times, the best kept (llama-bench's -r; default {REPETITIONS})")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="llmpipe's KV pool (default 1GiB; 256MiB for the 1B, 2GiB for a hybrid)")
@@ -447,6 +452,7 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--skip", nargs="*", default=[])
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
+    parser.add_argument("--repetitions", type=int, default=REPETITIONS)
     parsed = parser.parse_args()
     print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip,
-                                   parsed.prefill_tokens)))
+                                   parsed.prefill_tokens, parsed.repetitions)))

@@ -152,7 +152,19 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
         s16[0] = s16[1] = mx ? e8m0_at(b) : f16_at(b), m32[0] = 0;
         return;
     }
-    case GGML_Q4_K: case GGML_Q5_K: {
+    case GGML_Q4_K: { /* the nibbles of 32 bytes at a time (a scalar loop made decode unpack-bound on AVX2) */
+        float sc[8];
+        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
+        const __m256i low = _mm256_set1_epi8(0xF);
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
+            _mm256_storeu_si256((__m256i *)(codes + 64 * j), _mm256_and_si256(q, low));
+            _mm256_storeu_si256((__m256i *)(codes + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), low));
+        }
+        for (int i = 0; i < 16; i++) s16[i] = sc[i / 2];
+        return;
+    }
+    case GGML_Q5_K: {
         float sc[8];
         k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
         const uint8_t *qs = b + (t == GGML_Q4_K ? 16 : 48), *qh = b + 16;
@@ -167,15 +179,20 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
     }
     case GGML_Q6_K: {
         const float d = f16_at(b + 208);
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t a = b[64 * h + l], c = b[64 * h + 32 + l], q = b[128 + 32 * h + l];
-                int8_t *o = codes + 128 * h + l;
-                o[0] = (int8_t)(((a & 0xF) | ((q & 3) << 4)) - 32);
-                o[32] = (int8_t)(((c & 0xF) | (((q >> 2) & 3) << 4)) - 32);
-                o[64] = (int8_t)(((a >> 4) | (((q >> 4) & 3) << 4)) - 32);
-                o[96] = (int8_t)(((c >> 4) | (((q >> 6) & 3) << 4)) - 32);
-            }
+        const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+        for (int h = 0; h < 2; h++) { /* 32 weights of each quarter at a time: low nibbles | two high bits << 4 */
+            const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
+                          c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                          q = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            const __m256i parts[4] = {
+                _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(q, 4), two)),
+                _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(q, 2), two)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(q, two)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(q, 2), two)),
+            };
+            for (int p = 0; p < 4; p++)
+                _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * p), _mm256_sub_epi8(parts[p], bias));
+        }
         for (int i = 0; i < 16; i++) s16[i] = d * (float)(int8_t)b[192 + i];
         for (int i = 0; i < 8; i++) m32[i] = 0;
         return;
