@@ -71,3 +71,24 @@ def test_speculative_decoding_is_refused(case):
     path, _, _ = case
     with pytest.raises(UnsupportedModelError, match="speculative"):
         LLM(str(path), progress=False, speculative_method="ngram", num_speculative_tokens=2)
+
+
+def test_a_chats_second_turn_reports_cached_tokens_in_the_usage(case):
+    """Through the server and the openai client: the second turn (the first's messages, its reply and a new one)
+    reports the prompt tokens its state checkpoint served."""
+    import openai
+
+    from tests.server.utils import TINY_MODEL, live_server
+
+    path, _, _ = case
+    llm = LLM(str(path), progress=False)
+    with live_server(llm) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+        messages = [{"role": "user", "content": "how does inference work, from the prompt to the last token? " * 3}]
+        first = client.chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=8, temperature=0.0)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "and the cache?"}]
+        second = client.chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=4, temperature=0.0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens // 16 * 16 - 16 and cached > 0 and cached % 16 == 0
