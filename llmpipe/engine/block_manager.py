@@ -121,10 +121,10 @@ class BlockManager:
 
     def _fits(self, needs: list[tuple[BlockPool, int]]) -> bool:
         """Whether each pool has the free blocks the groups drawing on it need."""
-        totals: dict[int, int] = {}
+        totals: dict[BlockPool, int] = {}
         for pool, count in needs:
-            totals[id(pool)] = totals.get(id(pool), 0) + count
-        return all(totals[id(pool)] <= pool.num_free_blocks for pool, _ in needs)
+            totals[pool] = totals.get(pool, 0) + count
+        return all(count <= pool.num_free_blocks for pool, count in totals.items())
 
     def allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> None:
         """Take the hit's blocks and fresh ones for the next num_new_tokens tokens."""
@@ -222,8 +222,8 @@ class BlockManager:
     @property
     def states_in_use(self) -> int:
         """Per-sequence states held, over the state pools (live ones, and checkpoints a step is writing)."""
-        pools = {id(g.pool): g.pool for g in self.groups if g.pool is not self.pool}
-        return sum(p.num_blocks - p.num_free_blocks for p in pools.values())
+        pools = {g.pool for g in self.groups if g.pool is not self.pool}
+        return sum(p.num_blocks - p.num_free_blocks for p in pools)
 
     @contextmanager
     def scratch(self, token_ids: list[int], make_copies: Callable[[list[tuple[int, int]]], None]) -> Iterator[list[BlockTable]]:

@@ -37,6 +37,8 @@ class ModelFamily:
     stacked: ClassVar[Stacking] = ()  # parameters that stack several checkpoint tensors by rows (q/k/v → qkv_proj)
     # model_type → config.json's "architectures" entry, for those whose config.json llmpipe writes (`llmpipe quantize`)
     hf_architectures: ClassVar[dict[str, str]] = {}
+    # Why tensor_parallel_size > 1 is refused (None: the family's layers shard); check_engine_options says so.
+    unsharded: ClassVar[str | None] = None
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -75,6 +77,8 @@ class ModelFamily:
 
     def check_engine_options(self, config: EngineConfig) -> None:
         """Raise UnsupportedModelError (one line) for an engine option the family cannot run with."""
+        if self.unsharded is not None and config.tensor_parallel_size > 1:
+            raise UnsupportedModelError(f"{self.name}: tensor_parallel_size > 1 is not supported ({self.unsharded})")
 
     def checkpoint_tensors(self, model: nn.Module, param: str, shape: Shape) -> dict[str, Shape]:
         """The checkpoint tensors (name → shape) that fill one parameter of the model: itself, or the

@@ -96,6 +96,8 @@ class GroupManager:
     """One group's blocks of every sequence, over the shared pool. The base keeps every block until
     the sequence ends (full attention); kinds override what differs."""
 
+    prefix_caching = True  # the block manager's setting (a kind that copies state for the cache copies none without)
+
     def __init__(self, spec: KVCacheSpec, pool: "BlockPool", group: int, block_size: int):
         self.spec, self.pool, self.group, self.block_size = spec, pool, group, block_size
 

@@ -13,14 +13,13 @@ token 0. A state cannot be rolled back: speculative decoding is refused for thes
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+import math
+from typing import Sequence
 
 import torch
 
+from llmpipe.kv_cache.block_pool import BlockPool
 from llmpipe.kv_cache.kinds.base import BlockTable, GroupBatch, GroupManager, KVCacheSpec
-
-if TYPE_CHECKING:
-    from llmpipe.kv_cache.block_pool import BlockPool
 
 
 @dataclass
@@ -90,7 +89,7 @@ class RecurrentStateSpec(KVCacheSpec):
     @property
     def layer_bytes(self) -> int:
         """One layer's state (conv and SSM, float32)."""
-        return 4 * (_numel(self.conv_shape) + _numel(self.ssm_shape))
+        return 4 * (math.prod(self.conv_shape) + math.prod(self.ssm_shape))
 
     def blocks_held(self, num_tokens: int, block_size: int) -> int:
         return 0  # no token blocks: one state from the state pool
@@ -99,8 +98,6 @@ class RecurrentStateSpec(KVCacheSpec):
         return 0
 
     def manager(self, pool: BlockPool, group: int, block_size: int) -> GroupManager:
-        from llmpipe.kv_cache.block_pool import BlockPool
-
         return RecurrentStateManager(self, BlockPool(self.slots, self.first_id), group, block_size)
 
     def metadata(self, batch: GroupBatch, block_size: int, device: torch.device) -> RecurrentMetadata:
@@ -116,24 +113,12 @@ class RecurrentStateSpec(KVCacheSpec):
         return RecurrentMetadata(slots, snapshots, chunks)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 class RecurrentStateManager(GroupManager):
     """A sequence holds one live state from its first token to its end; checkpoints at block boundaries are copies
     listed in the prefix cache (module docstring)."""
 
-    prefix_caching = True  # the block manager sets it: checkpoints are only taken where they can be hit
-
     def empty_table(self) -> StateTable:
         return StateTable()
-
-    def needed(self, start: int, end: int) -> tuple[int, int]:
-        return 0, 1
 
     def missing(self, table: BlockTable, start: int, end: int) -> int:
         return 0 if table.ids else 1  # a checkpoint's slot is taken only where one is free (reserve)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from llmpipe.config import EngineConfig, ModelConfig
+from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_names import GGUFArchitecture
 from llmpipe.loader.quant_config import QuantizationConfig
@@ -40,6 +40,7 @@ class GptOssFamily(ModelFamily):
     gguf = {"gpt-oss": GGUFArchitecture(tensors=TENSORS, experts=EXPERT_TENSORS, end_of_turn="<|return|>")}
     stacked = STACKED_PARAMS
     hf_architectures = {"gpt_oss": "GptOssForCausalLM"}
+    unsharded = "experts are not sharded yet"
 
     def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         return cfg, hf_gpt_oss_fields(cfg, path)
@@ -60,10 +61,6 @@ class GptOssFamily(ModelFamily):
 
     def routing(self, config: ModelConfig) -> tuple[int, int]:
         return config.extra.num_experts, config.extra.num_experts_per_tok
-
-    def check_engine_options(self, config: EngineConfig) -> None:
-        if config.tensor_parallel_size > 1:
-            raise UnsupportedModelError(f"{self.name}: tensor_parallel_size > 1 is not supported (experts are not sharded yet)")
 
 
 GPT_OSS = GptOssFamily()

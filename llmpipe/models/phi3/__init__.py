@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from llmpipe.config import EngineConfig
-from llmpipe.errors import UnsupportedModelError
 from llmpipe.models.family import ModelFamily
 from llmpipe.models.phi3.config import phi3_hf_fields
 from llmpipe.models.phi3.model import Phi3ForCausalLM
@@ -17,14 +15,11 @@ class Phi3Family(ModelFamily):
     model_class = Phi3ForCausalLM
     model_types = ("phi3",)
     # stacked stays empty: the checkpoint's fused tensors are the model's parameters, whole.
+    # Tensor parallelism slices checkpoint tensors by their q/k/v and gate/up names; fused ones it would not cut.
+    unsharded = "fused qkv/gate_up tensors"
 
     def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         return cfg, phi3_hf_fields(cfg, path)
-
-    def check_engine_options(self, config: EngineConfig) -> None:
-        # Tensor parallelism slices checkpoint tensors by their q/k/v and gate/up names; fused ones it would not cut.
-        if config.tensor_parallel_size > 1:
-            raise UnsupportedModelError("phi3: tensor_parallel_size > 1 is not supported (fused qkv/gate_up tensors)")
 
 
 PHI3 = Phi3Family()

@@ -58,6 +58,7 @@ class Qwen35Family(ModelFamily):
     gguf = {"qwen35": GGUFArchitecture(tensors=TENSORS, values=VALUES, partial_rotary=True)}
     stacked = STACKED_PARAMS
     hf_architectures = {"qwen3_5_text": "Qwen3_5ForCausalLM"}
+    unsharded = "linear attention is not sharded"
 
     def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         text = text_config(cfg)
@@ -77,9 +78,7 @@ class Qwen35Family(ModelFamily):
         if config.speculative_method is not None:
             raise UnsupportedModelError(f"{self.name}: speculative decoding is not supported (a linear-attention state "
                                         "cannot be rolled back)")
-        if config.tensor_parallel_size > 1:
-            raise UnsupportedModelError(f"{self.name}: tensor_parallel_size > 1 is not supported (linear attention is "
-                                        "not sharded)")
+        super().check_engine_options(config)
 
 
 QWEN3_5 = Qwen35Family()

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from llmpipe.config import EngineConfig, ModelConfig
-from llmpipe.errors import UnsupportedModelError
+from llmpipe.config import ModelConfig
 from llmpipe.loader.gguf_names import GGUFArchitecture
 from llmpipe.models.family import ModelFamily
 from llmpipe.models.llama import LLAMA_TENSORS, QK_NORM, QKV_BIAS
@@ -38,6 +37,7 @@ class Qwen3MoeFamily(ModelFamily):
         "qwen3moe": GGUFArchitecture(tensors=LLAMA_TENSORS | QK_NORM | ROUTER, experts=EXPERT_TENSORS),
     }
     stacked = STACKED_PARAMS
+    unsharded = "experts are not sharded yet"
     hf_architectures = {"qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
     def hf_fields(self, cfg: dict[str, Any], path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -63,10 +63,6 @@ class Qwen3MoeFamily(ModelFamily):
 
     def routing(self, config: ModelConfig) -> tuple[int, int]:
         return config.extra.num_experts, config.extra.num_experts_per_tok
-
-    def check_engine_options(self, config: EngineConfig) -> None:
-        if config.tensor_parallel_size > 1:
-            raise UnsupportedModelError(f"{self.name}: tensor_parallel_size > 1 is not supported (experts are not sharded yet)")
 
 
 QWEN3_MOE = Qwen3MoeFamily()
