@@ -31,7 +31,7 @@ enum {
 };
 
 #define QK_K 256
-#define GGML_CHUNK 1024 /* weights of each row a tile takes at a time (a multiple of every block's) */
+#define GGML_CHUNK 1024 /* weights of each row a VNNI tile takes at a time (a multiple of every block's) */
 
 static inline int ggml_supported(int64_t t) {
     return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
@@ -118,6 +118,19 @@ static inline void activation_sums4(const int8_t *qx, int64_t M, int64_t K, int 
             s4[m * (K / 4) + i] = -s;
         }
 }
+
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as bytes 0-7 (scales) and 8-15 (mins). */
+static inline __m128i k_scale_bytes(const uint8_t *q) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    return _mm_setr_epi32((int)(a[0] & six), (int)((a[2] & four) | (((a[0] >> 6) & two) << 4)), (int)(a[1] & six),
+                          (int)(((a[2] >> 4) & four) | (((a[1] >> 6) & two) << 4)));
+}
+
+/* Prefetch a super-block's bytes, `ahead` bytes on. */
+#define PREFETCH_SUPER(b, S)                                                                                       \
+    for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + ahead + l_, _MM_HINT_T0)
 
 /* ---- AVX2 (and every CPU without VNNI): a block unpacked to signed codes, then maddubs ------------ */
 
@@ -243,6 +256,226 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
     for (int m = 0; m < MR; m++) out[m] = hsum(acc[m]) - mins[m];
 }
 
+/* ---- AVX2: four blocks of 32 at a time, straight from the file's bytes ---------------------------- */
+
+/* Four consecutive blocks of 32 weights in registers. u[i]: block i's 32 codes as maddubs' unsigned operand —
+ * the codes themselves, or |w| for the signed types (SIGNED below), whose activations then take w[i]'s sign;
+ * mul[i]: madd's sixteen int16 multipliers (Q6_K's two sub-block scales; ones elsewhere); ws: the blocks' float
+ * scales; mins: their terms against xsum. Block i's dot with an activation block (codes q, step dx, xsum):
+ * ws[i] * dx * <u[i] (x mul[i]), q> - mins[i] * xsum. */
+typedef struct {
+    __m256i u[4], w[4], mul[4];
+    __m128 ws, mins;
+} Avx2Quad;
+
+/* acc[m] += the quad's dots with activation row m, blocks c .. c + 3 of the row. The four blocks' eight-lane
+ * integer dots reduce to one vector (two horizontal adds: lane i and 4 + i hold block i's halves), so the
+ * float work is one convert and two multiply-adds a quad rather than a block. */
+static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, int64_t c, const int8_t *qx,
+                                                            const float *dx, const float *xsum, int64_t K, int64_t lo,
+                                                            __m256 *acc, const int MR, const int PL, const int SIGNED,
+                                                            const int MIN, const int MUL) {
+    const int64_t B = K / BLOCK;
+    const __m256 ws = _mm256_set_m128(q->ws, q->ws);
+    const __m256 mins = MIN ? _mm256_set_m128(_mm_setzero_ps(), q->mins) : _mm256_setzero_ps();
+    for (int m = 0; m < MR; m++) {
+        const int8_t *p = qx + m * K + c * BLOCK;
+        __m256i d[4];
+        for (int i = 0; i < 4; i++) {
+            const __m256i mul = MUL ? q->mul[i] : ONES16;
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(p + BLOCK * i));
+            d[i] = dot_u8s8(q->u[i], SIGNED ? _mm256_sign_epi8(x, q->w[i]) : x, PL == 1 ? mul : _mm256_slli_epi16(mul, 7));
+            if (PL == 2) { /* the low plane's codes are unsigned: no sign trick */
+                const __m256i xl = _mm256_loadu_si256((const __m256i *)(p + lo + BLOCK * i));
+                d[i] = _mm256_add_epi32(d[i], SIGNED ? dot_u8s8(xl, q->w[i], mul) : dot_u8s8(q->u[i], xl, mul));
+            }
+        }
+        const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+        const __m256 k = _mm256_mul_ps(ws, _mm256_broadcast_ps((const __m128 *)(dx + m * B + c)));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), k, acc[m]);
+        if (MIN) acc[m] = _mm256_fnmadd_ps(mins, _mm256_broadcast_ps((const __m128 *)(xsum + m * B + c)), acc[m]);
+    }
+}
+
+/* The float16s at b, b + S, b + 2S, b + 3S (four blocks' scales or mins). */
+static inline __m128 f16_quad(const uint8_t *b, int64_t S) {
+    uint16_t h[4];
+    for (int i = 0; i < 4; i++) memcpy(h + i, b + i * S, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+}
+
+/* Q5_0 / Q5_1: a block's 32 fifth bits (bit j: weight j) as 16 in the bytes whose bit is set. */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
+/* A 16-entry codebook (IQ4_U8, MXFP4_U8) as signed values in each 128-bit lane, for shuffle_epi8. */
+static inline __m256i signed_book(const uint8_t *book) {
+    return _mm256_xor_si256(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)book)), _mm256_set1_epi8((char)0x80));
+}
+
+/* Signed codes w: u = |w|, the sign trick's. */
+static inline void quad_signed(Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = _mm256_sign_epi8(q->w[i], q->w[i]);
+    q->mins = _mm_setzero_ps();
+}
+
+/* The 32-weight types' quads: four blocks of S bytes at b. */
+static inline void q4_0_quad(const uint8_t *b, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = int4_codes(b + 18 * i + 2);
+    q->ws = f16_quad(b, 18), q->mins = _mm_mul_ps(q->ws, _mm_set1_ps(8));
+}
+static inline void q4_1_quad(const uint8_t *b, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = int4_codes(b + 20 * i + 4);
+    q->ws = f16_quad(b, 20), q->mins = _mm_sub_ps(_mm_setzero_ps(), f16_quad(b + 2, 20));
+}
+static inline void q5_0_quad(const uint8_t *b, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = _mm256_or_si256(int4_codes(b + 22 * i + 6), fifth_bits(b + 22 * i + 2));
+    q->ws = f16_quad(b, 22), q->mins = _mm_mul_ps(q->ws, _mm_set1_ps(16));
+}
+static inline void q5_1_quad(const uint8_t *b, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = _mm256_or_si256(int4_codes(b + 24 * i + 8), fifth_bits(b + 24 * i + 4));
+    q->ws = f16_quad(b, 24), q->mins = _mm_sub_ps(_mm_setzero_ps(), f16_quad(b + 2, 24));
+}
+static inline void q8_0_quad(const uint8_t *b, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->w[i] = _mm256_loadu_si256((const __m256i *)(b + 34 * i + 2));
+    quad_signed(q), q->ws = f16_quad(b, 34);
+}
+static inline void iq4_nl_quad(const uint8_t *b, Avx2Quad *q) {
+    const __m256i book = signed_book(IQ4_U8);
+    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 18 * i + 2));
+    quad_signed(q), q->ws = f16_quad(b, 18);
+}
+static inline void mxfp4_quad(const uint8_t *b, Avx2Quad *q) {
+    const __m256i book = signed_book(MXFP4_U8);
+    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 17 * i + 1));
+    quad_signed(q), q->ws = _mm_setr_ps(e8m0_at(b), e8m0_at(b + 17), e8m0_at(b + 34), e8m0_at(b + 51));
+}
+
+#define AVX2_ROW_ARGS                                                                                              \
+    const uint8_t *row, const int8_t *qx, const float *dx, const float *xsum, int64_t K, int64_t k0, int64_t k1,   \
+        int64_t lo, int64_t ahead, float *out, const int MR, const int PL
+#define AVX2_ROW(NAME) static inline __attribute__((always_inline)) void NAME(AVX2_ROW_ARGS)
+#define AVX2_ROW_BEGIN                                                                                             \
+    __m256 acc[8];                                                                                                 \
+    for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
+#define AVX2_ROW_END for (int m = 0; m < MR; m++) out[m] = hsum(acc[m]);
+
+/* The 32-weight types: quads, then the last one to three blocks one at a time (ggml_row_avx2). */
+#define DEFINE_AVX2_ROW32(NAME, TYPE, QUAD, SIGNED, MIN)                                                             \
+    AVX2_ROW(NAME) {                                                                                               \
+        const int64_t S = ggml_block_bytes(TYPE);                                                                  \
+        AVX2_ROW_BEGIN                                                                                             \
+        int64_t c = k0 / BLOCK;                                                                                    \
+        for (; c + 4 <= k1 / BLOCK; c += 4) {                                                                      \
+            const uint8_t *b = row + c * S;                                                                        \
+            for (int64_t l = 0; l < 4 * S; l += 64) _mm_prefetch((const char *)b + ahead + l, _MM_HINT_T0);        \
+            Avx2Quad q;                                                                                            \
+            QUAD(b, &q);                                                                                           \
+            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0);                                    \
+        }                                                                                                          \
+        AVX2_ROW_END                                                                                               \
+        if (c < k1 / BLOCK) {                                                                                      \
+            float rest[8];                                                                                         \
+            int8_t codes[32];                                                                                      \
+            ggml_row_avx2(TYPE, row, qx, dx, xsum, K, c * BLOCK, k1, lo, ahead, rest, MR, PL, codes);               \
+            for (int m = 0; m < MR; m++) out[m] += rest[m];                                                        \
+        }                                                                                                          \
+    }
+DEFINE_AVX2_ROW32(ggml_row_avx2_q4_0, GGML_Q4_0, q4_0_quad, 0, 1)
+DEFINE_AVX2_ROW32(ggml_row_avx2_q4_1, GGML_Q4_1, q4_1_quad, 0, 1)
+DEFINE_AVX2_ROW32(ggml_row_avx2_q5_0, GGML_Q5_0, q5_0_quad, 0, 1)
+DEFINE_AVX2_ROW32(ggml_row_avx2_q5_1, GGML_Q5_1, q5_1_quad, 0, 1)
+DEFINE_AVX2_ROW32(ggml_row_avx2_q8_0, GGML_Q8_0, q8_0_quad, 1, 0)
+DEFINE_AVX2_ROW32(ggml_row_avx2_iq4_nl, GGML_IQ4_NL, iq4_nl_quad, 1, 0)
+DEFINE_AVX2_ROW32(ggml_row_avx2_mxfp4, GGML_MXFP4, mxfp4_quad, 1, 0)
+
+/* The 256-weight types: two quads a super-block of S bytes, SCALES decoded once for both (into locals QUAD
+ * reads; h the quad, 0 or 1). */
+#define DEFINE_AVX2_ROW_K(NAME, S, SCALES, QUAD, SIGNED, MIN, MUL)                                                   \
+    AVX2_ROW(NAME) {                                                                                               \
+        AVX2_ROW_BEGIN                                                                                             \
+        for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {                                                       \
+            const uint8_t *b = row + sb * (S);                                                                     \
+            PREFETCH_SUPER(b, S);                                                                                  \
+            SCALES                                                                                                 \
+            for (int h = 0; h < 2; h++) {                                                                          \
+                Avx2Quad q;                                                                                        \
+                QUAD;                                                                                              \
+                avx2_quad(&q, sb * 8 + 4 * h, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, MUL);                 \
+            }                                                                                                      \
+        }                                                                                                          \
+        AVX2_ROW_END                                                                                               \
+    }
+
+/* Lanes 4h .. 4h + 3 of eight floats. */
+static inline __m128 half_of(__m256 v, int h) { return h ? _mm256_extractf128_ps(v, 1) : _mm256_castps256_ps128(v); }
+
+/* Q4_K / Q5_K: the super-block's eight sub-block scales and mins (d * scale, dmin * min). */
+#define K_SCALES                                                                                                   \
+    const __m128i packed_ = k_scale_bytes(b + 4);                                                                  \
+    const __m256 sc8 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed_)));  \
+    const __m256 mn8 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)),                                                \
+                                     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed_, 8))));
+
+/* Q4_K / Q5_K quad h: sub-blocks 4h .. 4h + 3, the low and high nibbles of 32 bytes each at qs + 64h (+ 32);
+ * Q5_K's fifth bits (fifth != NULL): bit 4h + i of its 32 bytes for sub-block 4h + i. */
+static inline void k_quad(const uint8_t *qs, const uint8_t *fifth, int h, __m256 sc8, __m256 mn8, Avx2Quad *q) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 2; j++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h + 32 * j));
+        q->u[2 * j] = _mm256_and_si256(v, low), q->u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+    if (fifth) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)fifth);
+        for (int i = 0; i < 4; i++) {
+            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + i)));
+            q->u[i] = _mm256_or_si256(q->u[i], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit),
+                                                                _mm256_set1_epi8(16)));
+        }
+    }
+    q->ws = half_of(sc8, h), q->mins = half_of(mn8, h);
+}
+
+/* Q6_K quad h (the super-block's half of 128 weights, as ggml_unpack's): 64 bytes of low nibbles (A, B), 32 of
+ * high pairs (H), blocks A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4, minus 32; each
+ * block's two int8 sub-block scales as its madd multipliers (the float scale d alone). */
+static inline void q6_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
+    const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
+                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    q->w[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
+    q->w[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
+    q->w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
+    q->w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
+    for (int i = 0; i < 4; i++) q->w[i] = _mm256_sub_epi8(q->w[i], bias);
+    quad_signed(q);
+    /* scales 8h .. 8h + 7 as int16 in both lanes; block i's: 2i in the low lane (its first 16 weights), 2i + 1 */
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))));
+    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+    for (int i = 0; i < 4; i++) q->mul[i] = _mm256_shuffle_epi8(scales, _mm256_add_epi8(pick, _mm256_set1_epi8((char)(4 * i))));
+    q->ws = _mm_set1_ps(f16_at(b + 208));
+}
+
+/* IQ4_XS quad h: sub-blocks 4h .. 4h + 3 (16 bytes of nibbles each at b + 8, IQ4_NL's), codebook values. */
+static inline void iq4_xs_quad(const uint8_t *b, int h, __m256 sc8, Avx2Quad *q) {
+    const __m256i book = signed_book(IQ4_U8);
+    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 8 + 16 * (4 * h + i)));
+    quad_signed(q), q->ws = half_of(sc8, h);
+}
+
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q4_k, 144, K_SCALES, k_quad(b + 16, NULL, h, sc8, mn8, &q), 0, 1, 0)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q5_k, 176, K_SCALES, k_quad(b + 48, b + 16, h, sc8, mn8, &q), 0, 1, 0)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q6_k, 210, , q6_k_quad(b, h, &q), 1, 0, 1)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_iq4_xs, 136, float sc_[8]; iq4_xs_scales(b, sc_); const __m256 sc8 = _mm256_loadu_ps(sc_);,
+                  iq4_xs_quad(b, h, sc8, &q), 1, 0, 0)
+
 /* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
 
 /* acc[m] += the pair of blocks (c, c + 1)'s dot: w their 64 unsigned codes, KM (an expression of m) its sixteen
@@ -275,15 +508,6 @@ static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const
 VNNI static inline __m512 pair_of_eight(__m512 eight, int j) {
     return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                                   _mm512_set1_epi32(2 * j)), eight);
-}
-
-/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as bytes 0-7 (scales) and 8-15 (mins). */
-static inline __m128i k_scale_bytes(const uint8_t *q) {
-    uint32_t a[3];
-    memcpy(a, q, 12);
-    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-    return _mm_setr_epi32((int)(a[0] & six), (int)((a[2] & four) | (((a[0] >> 6) & two) << 4)), (int)(a[1] & six),
-                          (int)(((a[2] >> 4) & four) | (((a[1] >> 6) & two) << 4)));
 }
 
 /* As VNNI_PAIR for one block (the last of an odd count), at 256 bits. */
@@ -423,10 +647,6 @@ DEFINE_VNNI_ROW32(ggml_row_vnni_iq4_nl, 18, IQ4_NL_CODES2, IQ4_NL_CODES1, 7, 0, 
 DEFINE_VNNI_ROW32(ggml_row_vnni_q8_0, 34, Q8_0_CODES2, Q8_0_CODES1, 7, 0, f16_at, block_halves)
 DEFINE_VNNI_ROW32(ggml_row_vnni_mxfp4, 17, MXFP4_CODES2, MXFP4_CODES1, 7, 0, e8m0_at, block_e8m0s)
 
-/* Prefetch a super-block's bytes, `ahead` bytes on. */
-#define PREFETCH_SUPER(b, S)                                                                                       \
-    for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + ahead + l_, _MM_HINT_T0)
-
 /* Q4_K / Q5_K super-block b's sub-blocks 2j and 2j + 1 as 64 unsigned codes (nibbles at b + qs, low ones
  * sub-block 2j; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 bytes at b + 16). */
 VNNI static inline __m512i k_quant_codes(const uint8_t *b, int qs, int fifth, int j) {
@@ -549,12 +769,15 @@ typedef struct {
 } GGMLActs;
 
 #define GGML_TILE_ROWS 16
+#define GGML_AHEAD (16 << 10) /* bytes a whole-row walk prefetches ahead */
 
 /* Weight rows [n0, n1) (row n at blocks + n * its bytes) against M activation rows, into y[m * ld + n - n0]:
- * tiles of GGML_TILE_ROWS rows, walked GGML_CHUNK weights of each row at a time — sixteen streams from memory
- * at once (one alone waits on its loads: 4 GB/s where sixteen reach the bandwidth) — while every eight
- * activation rows pass over each chunk in cache (a prefill chunk streams the weight once, as a decode step). */
-#define GGML_TILED(ROW)                                                                                 \
+ * tiles of GGML_TILE_ROWS rows, walked `chunk` weights of each row at a time, while every eight activation rows
+ * pass over each chunk in cache (a prefill chunk streams the weight once, as a decode step). VNNI takes
+ * GGML_CHUNK: sixteen streams from memory at once (one alone waits on its loads on Sapphire Rapids: 4 GB/s
+ * where sixteen reach the bandwidth). AVX2 takes whole rows, one stream prefetched GGML_AHEAD bytes on: on Zen 2
+ * sixteen interleaved streams of 1,024 weights read 10.5 GB/s of Q4_K where one whole-row stream reads 15-18. */
+#define GGML_TILED(CALL, FN)                                                                              \
     for (int64_t t0 = n0; t0 < n1; t0 += GGML_TILE_ROWS)                                                \
         for (int64_t m0 = 0; m0 < M; m0 += 8) {                                                         \
             const int64_t mr = M - m0 < 8 ? M - m0 : 8, t1 = t0 + GGML_TILE_ROWS < n1 ? t0 + GGML_TILE_ROWS : n1; \
@@ -563,62 +786,57 @@ typedef struct {
             const int32_t *s4m = a->s4 + m0 * (K / 4);                                                  \
             (void)s4m;                                                                                  \
             float sums[GGML_TILE_ROWS][8] = {{0}};                                                      \
-            for (int64_t k0 = 0; k0 < K; k0 += GGML_CHUNK) {                                            \
-                const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K;                           \
+            for (int64_t k0 = 0; k0 < K; k0 += chunk) {                                                 \
+                const int64_t k1 = k0 + chunk < K ? k0 + chunk : K;                                     \
                 /* prefetch what comes a tile's rows later: this row's next chunk, or after the last  \
                    chunk the next tile's first (a fixed distance ahead; 16 KB on read 7-14 GB/s) */     \
-                const int64_t ahead = k1 < K ? ggml_row_bytes(type, k1 - k0)                            \
+                const int64_t ahead = whole ? GGML_AHEAD                                                \
+                                    : k1 < K ? ggml_row_bytes(type, k1 - k0)                            \
                                              : GGML_TILE_ROWS * row_bytes - ggml_row_bytes(type, k0);   \
                 for (int64_t n = t0; n < t1; n++) {                                                     \
                     const uint8_t *w = blocks + n * row_bytes;                                          \
                     float out[8];                                                                       \
-                    FOR_ROWS(mr, ROW);                                                                  \
+                    FOR_ROWS_OF(mr, CALL, FN);                                                          \
                     for (int64_t m = 0; m < mr; m++) sums[n - t0][m] += out[m];                         \
                 }                                                                                       \
             }                                                                                           \
             for (int64_t n = t0; n < t1; n++)                                                           \
                 for (int64_t m = 0; m < mr; m++) y[(m0 + m) * ld + n - n0] = sums[n - t0][m];           \
         }
-#define GGML_AVX2_ROW(MR) ggml_row_avx2(type, w, q, d, xs, K, k0, k1, lo, ahead, out, MR, PL, codes)
-#define GGML_VNNI_CASE(TYPE, FN) \
-    case TYPE: WITH_PLANES(a->planes, GGML_TILED(GGML_VNNI_CALL_##FN)); break;
-#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, ahead, out, MR, PL)
-#define GGML_VNNI_CALL_q4_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_0, MR)
-#define GGML_VNNI_CALL_q8_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q8_0, MR)
-#define GGML_VNNI_CALL_q4_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_1, MR)
-#define GGML_VNNI_CALL_q5_0(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_0, MR)
-#define GGML_VNNI_CALL_q5_1(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_1, MR)
-#define GGML_VNNI_CALL_iq4_nl(MR) GGML_VNNI_CALL(ggml_row_vnni_iq4_nl, MR)
-#define GGML_VNNI_CALL_q4_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q4_k, MR)
-#define GGML_VNNI_CALL_q5_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q5_k, MR)
-#define GGML_VNNI_CALL_q6_k(MR) GGML_VNNI_CALL(ggml_row_vnni_q6_k, MR)
-#define GGML_VNNI_CALL_iq4_xs(MR) GGML_VNNI_CALL(ggml_row_vnni_iq4_xs, MR)
-#define GGML_VNNI_CALL_mxfp4(MR) GGML_VNNI_CALL(ggml_row_vnni_mxfp4, MR)
-
-static void ggml_slice_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a, int64_t M,
-                            float *y, int64_t ld) {
-    const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K;
-    int8_t codes[QK_K];
-    WITH_PLANES(a->planes, GGML_TILED(GGML_AVX2_ROW));
-}
-
-VNNI static void ggml_slice_vnni(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
-                                 int64_t M, float *y, int64_t ld) {
-    const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K;
-    switch (type) {
-        GGML_VNNI_CASE(GGML_Q4_0, q4_0)
-        GGML_VNNI_CASE(GGML_Q8_0, q8_0)
-        GGML_VNNI_CASE(GGML_Q4_1, q4_1)
-        GGML_VNNI_CASE(GGML_Q5_0, q5_0)
-        GGML_VNNI_CASE(GGML_Q5_1, q5_1)
-        GGML_VNNI_CASE(GGML_IQ4_NL, iq4_nl)
-        GGML_VNNI_CASE(GGML_Q4_K, q4_k)
-        GGML_VNNI_CASE(GGML_Q5_K, q5_k)
-        GGML_VNNI_CASE(GGML_Q6_K, q6_k)
-        GGML_VNNI_CASE(GGML_IQ4_XS, iq4_xs)
-        GGML_VNNI_CASE(GGML_MXFP4, mxfp4)
+/* CALL(FN, MR) for the row count M (1..8) as a literal (FOR_ROWS's, with the row function named). */
+#define FOR_ROWS_OF(M, CALL, FN)                                                                        \
+    switch (M) {                                                                                        \
+    case 1: CALL(FN, 1); break; case 2: CALL(FN, 2); break;                                             \
+    case 3: CALL(FN, 3); break; case 4: CALL(FN, 4); break;                                             \
+    case 5: CALL(FN, 5); break; case 6: CALL(FN, 6); break;                                             \
+    case 7: CALL(FN, 7); break; default: CALL(FN, 8); break;                                            \
     }
-}
+#define GGML_AVX2_CALL(FN, MR) FN(w, q, d, xs, K, k0, k1, lo, ahead, out, MR, PL)
+#define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, ahead, out, MR, PL)
+#define GGML_CASE(CALL, TYPE, NAME) \
+    case GGML_##TYPE: WITH_PLANES(a->planes, GGML_TILED(CALL, ggml_row_##NAME)); break;
+/* The slice function of one ISA: a case per type. */
+#define DEFINE_GGML_SLICE(ATTR, CALL, isa, WHOLE)                                                         \
+    ATTR static void ggml_slice_##isa(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,        \
+                                      const GGMLActs *a, int64_t M, float *y, int64_t ld) {               \
+        const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K, whole = WHOLE;           \
+        const int64_t chunk = whole ? K : GGML_CHUNK;                                                     \
+        switch (type) {                                                                                   \
+            GGML_CASE(CALL, Q4_0, isa##_q4_0)                                                              \
+            GGML_CASE(CALL, Q8_0, isa##_q8_0)                                                              \
+            GGML_CASE(CALL, Q4_1, isa##_q4_1)                                                              \
+            GGML_CASE(CALL, Q5_0, isa##_q5_0)                                                              \
+            GGML_CASE(CALL, Q5_1, isa##_q5_1)                                                              \
+            GGML_CASE(CALL, IQ4_NL, isa##_iq4_nl)                                                          \
+            GGML_CASE(CALL, Q4_K, isa##_q4_k)                                                              \
+            GGML_CASE(CALL, Q5_K, isa##_q5_k)                                                              \
+            GGML_CASE(CALL, Q6_K, isa##_q6_k)                                                              \
+            GGML_CASE(CALL, IQ4_XS, isa##_iq4_xs)                                                          \
+            GGML_CASE(CALL, MXFP4, isa##_mxfp4)                                                            \
+        }                                                                                                 \
+    }
+DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1)
+DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0)
 
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
