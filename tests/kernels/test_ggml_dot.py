@@ -70,6 +70,16 @@ def test_random_blocks_give_the_dequantized_weights_product(qtype):
             check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
 
 
+@pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
+def test_batches_give_the_dequantized_weights_product(qtype):
+    """Prefill-sized batches: on AVX2, eight weight rows at a time unpacked into a panel (from 32 activation rows,
+    96 for the types that sum in int32), the rows short of a panel by the row kernels."""
+    cols = 3 * GGML_QUANT_SIZES[qtype][0] if GGML_QUANT_SIZES[qtype][0] == 256 else 19 * 32
+    raw = random_blocks(qtype, 21, cols, 7)
+    for rows in (33, 100):
+        check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
+
+
 @pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4), ids=lambda q: q.name)
 def test_weights_gguf_quantized_give_the_dequantized_weights_product(qtype):
     """The types gguf-py quantizes (the others' blocks are random above), a real weight's blocks."""

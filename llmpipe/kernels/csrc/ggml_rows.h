@@ -20,6 +20,7 @@
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lowbit_q8_rows.h"
@@ -838,8 +839,128 @@ typedef struct {
 DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1)
 DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0)
 
+/* ---- AVX2 batches: eight weight rows interleaved, no horizontal adds --------------------------------- */
+
+/* A batch of activation rows (a prefill chunk) makes the AVX2 rows compute-bound, and their horizontal adds, one
+ * reduction per block and activation row, the largest cost. So for a batch, eight weight rows at a time are unpacked once (ggml_unpack) into a panel where each step of four
+ * weights holds the eight rows' codes side by side: one maddubs against four activation codes broadcast gives
+ * the eight rows' products in their own lanes, summed down the block's eight steps in int16 (or int32: WIDEN, where
+ * sixteen products may overflow int16) and scaled once a block (Q6_K: once per sixteen weights) — llama.cpp's
+ * repacked GEMM, made per call from the file's own blocks and reused by every activation row. Packing costs about
+ * what sixteen rows' dots do, so panels pay from 32 rows (Zen 2, 12288 x 4096: Q4_K 1.3x the row kernels at 32,
+ * 1.7x at 128; Q6_K 1.3x, 1.5x) and for the types that sum in int32, slower per row, from 96 (Q8_0 0.8x at 32,
+ * 1.15x at 128). */
+#define GGML_PANEL_ROWS 8
+static inline int ggml_panel_widens(int64_t t) {
+    return t == GGML_Q8_0 || t == GGML_IQ4_NL || t == GGML_IQ4_XS || t == GGML_Q5_1 || t == GGML_Q5_K;
+}
+static inline int ggml_panels_pay(int64_t t, int64_t M) { return M >= (ggml_panel_widens(t) ? 96 : 32); }
+
+/* Panel for weight rows [n, n + 8) of K weights: codes [K / 32][8 steps][8 rows][4], scales s16 [K / 16][8 rows]
+ * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows]. */
+static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
+                            float *mins) {
+    const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t);
+    int8_t c[QK_K];
+    float s[16], m[8];
+    for (int64_t blk = 0; blk < K / W; blk++)
+        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+            ggml_unpack(t, rows + r * row_bytes + blk * S, c, s, m);
+            for (int64_t i = 0; i < W / BLOCK; i++) {
+                const int64_t b = blk * (W / BLOCK) + i;
+                for (int step = 0; step < 8; step++) memcpy(codes + b * 256 + step * 32 + 4 * r, c + i * BLOCK + 4 * step, 4);
+                s16[(2 * b) * 8 + r] = s[2 * i], s16[(2 * b + 1) * 8 + r] = s[2 * i + 1], mins[b * 8 + r] = m[i];
+            }
+        }
+}
+
+/* acc[m] (lane r: weight row r) += the panel's dots with activation rows m < MR. SIGNED: signed codes (the sign
+ * trick); MIN: mins against xsum; HALF: a scale per sixteen weights (Q6_K); WIDEN: products summed in int32. */
+static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *codes, const float *s16,
+                                                                 const float *mins, const int8_t *qx, const float *dx,
+                                                                 const float *xsum, int64_t K, int64_t lo, __m256 *acc,
+                                                                 const int MR, const int PL, const int SIGNED,
+                                                                 const int MIN, const int HALF, const int WIDEN) {
+    const int64_t B = K / BLOCK;
+    for (int64_t b = 0; b < B; b++) {
+        for (int h = 0; h < (HALF ? 2 : 1); h++) {
+            __m256i hi[4], low[4];
+            for (int m = 0; m < MR; m++) hi[m] = low[m] = _mm256_setzero_si256();
+            for (int step = HALF ? 4 * h : 0; step < (HALF ? 4 * h + 4 : 8); step++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + b * 256 + step * 32));
+                const __m256i u = SIGNED ? _mm256_sign_epi8(w, w) : w;
+                for (int m = 0; m < MR; m++) {
+                    int32_t x4;
+                    memcpy(&x4, qx + m * K + b * BLOCK + 4 * step, 4);
+                    const __m256i x = _mm256_set1_epi32(x4);
+                    const __m256i p = _mm256_maddubs_epi16(u, SIGNED ? _mm256_sign_epi8(x, w) : x);
+                    hi[m] = WIDEN ? _mm256_add_epi32(hi[m], _mm256_madd_epi16(p, ONES16)) : _mm256_add_epi16(hi[m], p);
+                    if (PL == 2) { /* the low plane's codes are unsigned: no sign trick */
+                        memcpy(&x4, qx + lo + m * K + b * BLOCK + 4 * step, 4);
+                        const __m256i xl = _mm256_set1_epi32(x4);
+                        const __m256i pl = SIGNED ? _mm256_maddubs_epi16(xl, w) : _mm256_maddubs_epi16(u, xl);
+                        low[m] = WIDEN ? _mm256_add_epi32(low[m], _mm256_madd_epi16(pl, ONES16)) : _mm256_add_epi16(low[m], pl);
+                    }
+                }
+            }
+            const __m256 ws = _mm256_loadu_ps(s16 + (2 * b + h) * 8);
+            for (int m = 0; m < MR; m++) {
+                __m256i d = WIDEN ? hi[m] : _mm256_madd_epi16(hi[m], PL == 1 ? ONES16 : HIGH16);
+                if (PL == 2) d = WIDEN ? _mm256_add_epi32(_mm256_slli_epi32(d, 7), low[m])
+                                       : _mm256_add_epi32(d, _mm256_madd_epi16(low[m], ONES16));
+                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ws, _mm256_set1_ps(dx[m * B + b])), acc[m]);
+            }
+        }
+        if (MIN) {
+            const __m256 mn = _mm256_loadu_ps(mins + b * 8);
+            for (int m = 0; m < MR; m++) acc[m] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xsum[m * B + b]), acc[m]);
+        }
+    }
+}
+
+#define GGML_PANEL_CALL(MR)                                                                                          \
+    do {                                                                                                           \
+        __m256 acc[4];                                                                                             \
+        for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                                 \
+        ggml_panel_dot(codes, s16, mins, a->qx + m0 * K, a->dx + m0 * B, a->xsum + m0 * B, K, lo, acc, MR, PL,      \
+                       SIGNED, MIN, HALF, WIDEN);                                                                  \
+        for (int m = 0; m < MR; m++) _mm256_storeu_ps(y + (m0 + m) * ld + n - n0, acc[m]);                         \
+    } while (0)
+
+/* Weight rows [n0, n1) against M activation rows (ggml_panels_pay), as ggml_slice: eight rows a panel, four
+ * activation rows a pass over it; the last rows short of eight by the row kernels. */
+static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
+                             int64_t M, float *y, int64_t ld) {
+    const int64_t K = a->K, B = K / BLOCK, row_bytes = ggml_row_bytes(type, K), lo = M * K;
+    const int SIGNED = !(type == GGML_Q4_1 || type == GGML_Q5_1 || type == GGML_Q4_K || type == GGML_Q5_K), MIN = !SIGNED;
+    const int HALF = type == GGML_Q6_K, WIDEN = ggml_panel_widens(type);
+    int8_t *codes = aligned_alloc(64, 8 * K);
+    float *s16 = malloc(sizeof(float) * K / 2), *mins = malloc(sizeof(float) * K / 4);
+    int64_t n = n0;
+    for (; n + GGML_PANEL_ROWS <= n1; n += GGML_PANEL_ROWS) {
+        ggml_panel_pack(type, blocks + n * row_bytes, row_bytes, K, codes, s16, mins);
+        for (int64_t m0 = 0; m0 < M; m0 += 4) {
+            const int64_t mr = M - m0 < 4 ? M - m0 : 4;
+#define GGML_PANEL_KIND(S_, M_, H_, W_)                                                                              \
+    if (SIGNED == S_ && MIN == M_ && HALF == H_ && WIDEN == W_) {                                                  \
+        enum { SIGNED = S_, MIN = M_, HALF = H_, WIDEN = W_ };                                                     \
+        WITH_PLANES(a->planes, switch (mr) { case 1: GGML_PANEL_CALL(1); break; case 2: GGML_PANEL_CALL(2); break; \
+                                             case 3: GGML_PANEL_CALL(3); break; default: GGML_PANEL_CALL(4); });    \
+    }
+            GGML_PANEL_KIND(0, 1, 0, 0) /* Q4_1, Q4_K */
+            GGML_PANEL_KIND(0, 1, 0, 1) /* Q5_1, Q5_K */
+            GGML_PANEL_KIND(1, 0, 0, 0) /* Q4_0, Q5_0, MXFP4 */
+            GGML_PANEL_KIND(1, 0, 0, 1) /* Q8_0, IQ4_NL, IQ4_XS */
+            GGML_PANEL_KIND(1, 0, 1, 0) /* Q6_K */
+#undef GGML_PANEL_KIND
+        }
+    }
+    free(codes), free(s16), free(mins);
+    if (n < n1) ggml_slice_avx2(type, blocks, n, n1, a, M, y + (n - n0), ld);
+}
+
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                               int64_t M, float *y, int64_t ld) {
-    (vnni ? ggml_slice_vnni : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
+    (vnni ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
 }
