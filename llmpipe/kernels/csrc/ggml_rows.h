@@ -14,9 +14,11 @@
  * So every type's dot is the same integer dot of codes against codes, exact, and the float work is one
  * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
  *
- * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: each block's
- * weights unpacked as signed int8 codes into a scratch row (ggml_unpack below), then maddubs with the
- * sign trick; the portable path and the reference in the tests dequantize in PyTorch (gguf_quants.py). */
+ * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: four blocks of 32 a
+ * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
+ * unpacked side by side (ggml_panels_avx2). ggml_unpack (a block to signed codes in memory) serves the panels,
+ * the AMX tiles and a row's last blocks short of a quad. The portable path and the reference in the tests
+ * dequantize in PyTorch (gguf_quants.py). */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -133,7 +135,7 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 #define PREFETCH_SUPER(b, S)                                                                                       \
     for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + ahead + l_, _MM_HINT_T0)
 
-/* ---- AVX2 (and every CPU without VNNI): a block unpacked to signed codes, then maddubs ------------ */
+/* ---- a block unpacked to signed codes (the panels, AMX tiles, a row's last blocks short of a quad) -- */
 
 /* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
  * (one per 16 weights), mins float [W / 32] (the min types; else zeros). */
