@@ -72,11 +72,11 @@ def test_random_blocks_give_the_dequantized_weights_product(qtype):
 
 @pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
 def test_batches_give_the_dequantized_weights_product(qtype):
-    """Prefill-sized batches: on AVX2, eight weight rows at a time unpacked into a panel (from 32 activation rows,
-    96 for the types that sum in int32), the rows short of a panel by the row kernels."""
+    """Prefill-sized batches: on AVX2, eight weight rows at a time unpacked into a panel (from 16 activation rows,
+    32 for the types that sum in int32), the rows short of a panel by the row kernels."""
     cols = 3 * GGML_QUANT_SIZES[qtype][0] if GGML_QUANT_SIZES[qtype][0] == 256 else 19 * 32
     raw = random_blocks(qtype, 21, cols, 7)
-    for rows in (33, 100):
+    for rows in (17, 33, 100):
         check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
 
 

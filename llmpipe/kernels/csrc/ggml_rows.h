@@ -849,31 +849,48 @@ DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0)
  * the eight rows' products in their own lanes, summed down the block's eight steps in int16 (or int32: WIDEN, where
  * sixteen products may overflow int16) and scaled once a block (Q6_K: once per sixteen weights) — llama.cpp's
  * repacked GEMM, made per call from the file's own blocks and reused by every activation row. Packing costs about
- * what sixteen rows' dots do, so panels pay from 32 rows (Zen 2, 12288 x 4096: Q4_K 1.3x the row kernels at 32,
- * 1.7x at 128; Q6_K 1.3x, 1.5x) and for the types that sum in int32, slower per row, from 96 (Q8_0 0.8x at 32,
- * 1.15x at 128). */
+ * what eight rows' dots do, so panels pay from 16 rows (Zen 2, 12288 x 4096: Q4_K 1.0x the row kernels at 8 rows,
+ * 1.3x at 16, 1.5x at 32; Q6_K 1.05x, 1.2x, 1.5x) and for the types that sum in int32, slower per row, from 32
+ * (Q8_0 0.7x at 8, 0.9x at 16, 1.1x at 32). */
 #define GGML_PANEL_ROWS 8
 static inline int ggml_panel_widens(int64_t t) {
     return t == GGML_Q8_0 || t == GGML_IQ4_NL || t == GGML_IQ4_XS || t == GGML_Q5_1 || t == GGML_Q5_K;
 }
-static inline int ggml_panels_pay(int64_t t, int64_t M) { return M >= (ggml_panel_widens(t) ? 96 : 32); }
+static inline int ggml_panels_pay(int64_t t, int64_t M) { return M >= (ggml_panel_widens(t) ? 32 : 16); }
+
+/* v[j] lane i <- v[i] lane j: eight rows of eight 32-bit elements transposed. */
+static inline void transpose8_epi32(__m256i *v) {
+    __m256i t[8], u[8];
+    for (int k = 0; k < 4; k++)
+        t[2 * k] = _mm256_unpacklo_epi32(v[2 * k], v[2 * k + 1]), t[2 * k + 1] = _mm256_unpackhi_epi32(v[2 * k], v[2 * k + 1]);
+    for (int k = 0; k < 2; k++) /* rows 4k .. 4k + 3: elements 0, 1, 2, 3 (and 4 .. 7 in the high lane) */
+        for (int j = 0; j < 2; j++) {
+            u[4 * k + 2 * j] = _mm256_unpacklo_epi64(t[4 * k + j], t[4 * k + 2 + j]);
+            u[4 * k + 2 * j + 1] = _mm256_unpackhi_epi64(t[4 * k + j], t[4 * k + 2 + j]);
+        }
+    for (int j = 0; j < 4; j++)
+        v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20), v[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+}
 
 /* Panel for weight rows [n, n + 8) of K weights: codes [K / 32][8 steps][8 rows][4], scales s16 [K / 16][8 rows]
  * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows]. */
 static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
                             float *mins) {
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t);
-    int8_t c[QK_K];
-    float s[16], m[8];
-    for (int64_t blk = 0; blk < K / W; blk++)
-        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
-            ggml_unpack(t, rows + r * row_bytes + blk * S, c, s, m);
-            for (int64_t i = 0; i < W / BLOCK; i++) {
-                const int64_t b = blk * (W / BLOCK) + i;
-                for (int step = 0; step < 8; step++) memcpy(codes + b * 256 + step * 32 + 4 * r, c + i * BLOCK + 4 * step, 4);
-                s16[(2 * b) * 8 + r] = s[2 * i], s16[(2 * b + 1) * 8 + r] = s[2 * i + 1], mins[b * 8 + r] = m[i];
-            }
+    int8_t c[GGML_PANEL_ROWS][QK_K];
+    float s[GGML_PANEL_ROWS][16], m[GGML_PANEL_ROWS][8];
+    for (int64_t blk = 0; blk < K / W; blk++) {
+        for (int r = 0; r < GGML_PANEL_ROWS; r++) ggml_unpack(t, rows + r * row_bytes + blk * S, c[r], s[r], m[r]);
+        for (int64_t i = 0; i < W / BLOCK; i++) {
+            const int64_t b = blk * (W / BLOCK) + i;
+            __m256i v[GGML_PANEL_ROWS]; /* row r's block: eight steps of four codes; then step j's eight rows */
+            for (int r = 0; r < GGML_PANEL_ROWS; r++) v[r] = _mm256_loadu_si256((const __m256i *)(c[r] + i * BLOCK));
+            transpose8_epi32(v);
+            for (int step = 0; step < 8; step++) _mm256_storeu_si256((__m256i *)(codes + b * 256 + step * 32), v[step]);
+            for (int r = 0; r < GGML_PANEL_ROWS; r++)
+                s16[(2 * b) * 8 + r] = s[r][2 * i], s16[(2 * b + 1) * 8 + r] = s[r][2 * i + 1], mins[b * 8 + r] = m[r][i];
         }
+    }
 }
 
 /* acc[m] (lane r: weight row r) += the panel's dots with activation rows m < MR. SIGNED: signed codes (the sign
