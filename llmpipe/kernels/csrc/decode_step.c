@@ -327,7 +327,7 @@ static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, in
     quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum);
     if (amx)
         amx_pack(s->qx, s->dx, s->xsum, B, w->K, planes, 0, amx_tiles(B), s->amx_b, s->amx_dx, s->amx_xs);
-    else
+    else if (use_vnni()) /* only the VNNI rows read s4 */
         activation_sums4(s->qx, B, w->K, planes, s->s4);
     const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes};
     const AmxActs tiles = {s->amx_b, s->amx_dx, s->amx_xs, B, amx_tiles(B), w->K, planes};

@@ -31,7 +31,7 @@ void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y
     if (amx) {
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < amx_tiles(M); t++) amx_pack(qx, dx, xsum, M, K, planes, t, t + 1, b, dxt, xst);
-    } else {
+    } else if (vnni) { /* only the VNNI rows read s4 */
         activation_sums4(qx, M, K, planes, s4);
     }
     const GGMLActs a = {qx, dx, xsum, s4, K, planes};

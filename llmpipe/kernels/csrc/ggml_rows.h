@@ -951,7 +951,7 @@ static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *c
 static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                              int64_t M, float *y, int64_t ld) {
     const int64_t K = a->K, B = K / BLOCK, row_bytes = ggml_row_bytes(type, K), lo = M * K;
-    const int SIGNED = !(type == GGML_Q4_1 || type == GGML_Q5_1 || type == GGML_Q4_K || type == GGML_Q5_K), MIN = !SIGNED;
+    const int MIN = ggml_zero_shift(type) < 0, SIGNED = !MIN; /* the min types' codes are unsigned */
     const int HALF = type == GGML_Q6_K, WIDEN = ggml_panel_widens(type);
     int8_t *codes = aligned_alloc(64, 8 * K);
     float *s16 = malloc(sizeof(float) * K / 2), *mins = malloc(sizeof(float) * K / 4);
