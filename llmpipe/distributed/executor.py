@@ -32,7 +32,7 @@ from llmpipe.distributed.processes import LocalWorkers
 from llmpipe.distributed.sharding import plan_shards
 from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.kv_cache.layout import KVCacheLayout
-from llmpipe.engine.model_runner import ModelRunner
+from llmpipe.engine.model_runner import ModelRunner, RunnerOutput
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.errors import LLMPipeError
 from llmpipe.loader import Checkpoint
@@ -127,9 +127,11 @@ class TensorParallelExecutor:
 
     # ---- what the engine calls on its runner ------------------------------------------------
 
-    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
+        """Logits as ModelRunner.execute's; pooling requests are refused on this runner (EngineCore.add_request)."""
         self.copy_blocks(batch.block_copies)
-        return self._forward(*self.local.prepare_inputs(batch))
+        inputs = self.local.prepare_inputs(batch)
+        return RunnerOutput(self._forward(inputs.ids, inputs.positions, inputs.metas, inputs.logit_rows), None)
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
         metas = self.local.prefill_metadata(block_tables, len(token_ids))

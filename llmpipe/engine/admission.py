@@ -3,7 +3,9 @@ against what the engine core takes, on the front end, before anything is sent to
 
 from __future__ import annotations
 
+from llmpipe.engine.core_messages import CoreInfo, EngineCoreRequest
 from llmpipe.errors import InvalidRequestError
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.structured_output import check_structured_outputs
 from llmpipe.tokenizer import Tokenizer
@@ -12,15 +14,52 @@ PromptInput = str | list[int] | dict
 
 
 class Admission:
-    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int, vocab_size: int, task: str = "generate",
+                 embedding_size: int | None = None, generates: bool = True) -> None:
+        """`task`: what the engine serves (EngineConfig.task, resolved); `embedding_size`: the width of its
+        embeddings (None: it embeds nothing); `generates` False: an encoder, which pools only."""
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.task = task
+        self.embedding_size = embedding_size
+        self.generates = generates
 
-    def prompt(self, prompt: PromptInput, params: SamplingParams) -> tuple[str | None, list[int]]:
-        """(text, token ids) of an admissible request; InvalidRequestError naming the field if not."""
+    @classmethod
+    def serving(cls, tokenizer: Tokenizer | None, info: CoreInfo) -> Admission:
+        """The front end's admission for the engine core `info` describes."""
+        return cls(tokenizer, info.max_model_len, info.vocab_size, info.task, info.embedding_size, info.generates)
+
+    def request(self, request_id: str, prompt: PromptInput,
+                params: SamplingParams | PoolingParams) -> tuple[str | None, EngineCoreRequest]:
+        """(text, the core's request) of an admissible generation (SamplingParams) or pooling request
+        (PoolingParams: it ends with its prompt, which may then fill the whole context)."""
+        pooling = params if isinstance(params, PoolingParams) else None
+        sampling = SamplingParams() if pooling is not None else params
+        self.check_task(pooling)
+        text, token_ids = self.prompt(prompt, sampling, generates=pooling is None)
+        return text, EngineCoreRequest(request_id, token_ids, sampling, pooling)
+
+    def check_task(self, pooling: PoolingParams | None) -> None:
+        """What the model serves: generation, embeddings of its width, scores where it reranks."""
+        task = "generate" if pooling is None else pooling.task
+        if task == "generate" and not self.generates:
+            raise InvalidRequestError("this model does not generate text: it serves embeddings or scores", param="model")
+        if task == "embed" and self.embedding_size is None:
+            raise InvalidRequestError("this server does not serve embeddings of this model (tensor parallelism, or a "
+                                      "model that only scores)", param="model")
+        if task == "score" and self.task != "score":
+            raise InvalidRequestError("this model is not a reranker: scores are served by rerankers and cross-encoders "
+                                      "(start a decoder reranker with --task score)", param="model")
+        if pooling is not None and pooling.dimensions is not None and pooling.dimensions > (self.embedding_size or 0):
+            raise InvalidRequestError(f"dimensions must be at most the model's {self.embedding_size}, got "
+                                      f"{pooling.dimensions}", param="dimensions")
+
+    def prompt(self, prompt: PromptInput, params: SamplingParams, generates: bool = True) -> tuple[str | None, list[int]]:
+        """(text, token ids) of an admissible request; InvalidRequestError naming the field if not.
+        `generates` False: a pooling request, whose prompt may fill the whole context."""
         text, token_ids, from_ids = self._tokenize(prompt)
-        self._check_length(token_ids)
+        self._check_length(token_ids, generates)
         if from_ids:
             self._check_ids(token_ids)
         if params.stop_list and self.tokenizer is None:
@@ -32,17 +71,20 @@ class Admission:
         params.check_token_ids(self.vocab_size)
         return text, token_ids
 
-    def check(self, token_ids: list[int], params: SamplingParams) -> None:
+    def check(self, token_ids: list[int], params: SamplingParams, generates: bool = True) -> None:
         """What the engine core itself takes (no text): the length and every token id."""
-        self._check_length(token_ids)
+        self._check_length(token_ids, generates)
         self._check_ids(token_ids)
         params.check_token_ids(self.vocab_size)
 
-    def _check_length(self, token_ids: list[int]) -> None:
+    def _check_length(self, token_ids: list[int], generates: bool = True) -> None:
         limit = self.max_model_len
         if not token_ids:
             raise InvalidRequestError("prompt is empty", param="prompt")
-        if len(token_ids) >= limit:
+        if not generates and len(token_ids) > limit:
+            raise InvalidRequestError(f"input has {len(token_ids)} tokens, over the context limit (max_model_len={limit})",
+                                      param="input", code="context_length_exceeded")
+        if generates and len(token_ids) >= limit:
             raise InvalidRequestError(
                 f"prompt has {len(token_ids)} tokens, over the context limit: at most {limit - 1} "
                 f"leave room for one generated token (max_model_len={limit})",

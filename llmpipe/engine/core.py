@@ -33,7 +33,7 @@ from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.engine.stop_rules import StopRules
 from llmpipe.engine.token_sampler import TokenSampler
-from llmpipe.errors import LLMPipeError
+from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -66,15 +66,17 @@ class EngineCore:
                                                   self.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    self.structured.is_ready, StopRules(config, self.eos_token_ids, self.structured),
-                                   keep_kv=config.kv_cache)
+                                   keep_kv=config.kv_cache, pool_every_token=self.executor.pooler.reads_every_token,
+                                   pool_as_rows=self.kv_layout.state_bytes() == 0)
         self.executor.sampler = TokenSampler(self.structured, self.eos_token_ids)
         self.drafter = Drafter.build(config, self.executor.sampler.sampling_row, progress)
         self.proposer = self.drafter.proposer if self.drafter else None
-        self.scheduler.release_hooks += [self.structured.release, self.executor.sampler.release]
+        self.scheduler.release_hooks += [self.structured.release, self.executor.sampler.release,
+                                         self.executor.pooler.release]
         if self.drafter is not None:
             self.scheduler.release_hooks.append(self.drafter.release)
         self.step_costs = StepCosts(config.max_decode_stall, config.max_num_seqs)
-        self.admission = Admission(None, config.max_model_len, config.model_config.vocab_size)
+        self.admission = Admission.serving(None, self.info(0))
         self.requests = RequestTable(config.device, self.structured.forget_request)
 
     def close(self) -> None:
@@ -83,11 +85,21 @@ class EngineCore:
         self.structured.close()
         self.executor.close()
 
+    def fault_in(self) -> None:
+        """The KV cache's pages taken now, before a server's first request."""
+        self.executor.fault_in_kv_cache()
+
     def info(self, pid: int) -> CoreInfo:
         return CoreInfo(
             self.config.model, self.config.max_model_len, self.config.model_config.vocab_size,
-            tuple(sorted(self.eos_token_ids)), self.weight_bytes, pid,
+            tuple(sorted(self.eos_token_ids)), self.weight_bytes, pid, self.config.task, self.embedding_size,
+            not self.config.model_config.embedding_only,
         )
+
+    @property
+    def embedding_size(self) -> int | None:
+        """The width of this model's embeddings (None: not served under tensor parallelism)."""
+        return self.executor.pooler.embedding_size if self.config.tensor_parallel_size == 1 else None
 
     @property
     def spec_stats(self) -> SpecDecodeStats:
@@ -127,7 +139,10 @@ class EngineCore:
         """Admit a request the front end checked (`Admission.prompt`); the same rules are checked
         again here, so a front end that skipped them cannot get a bad id into a batch."""
         added = self.requests.new(request)
-        self.admission.check(request.prompt_token_ids, request.params)
+        self.admission.check(request.prompt_token_ids, request.params, generates=request.pooling is None)
+        self.admission.check_task(request.pooling)
+        if request.pooling is not None and request.params.n != 1:
+            raise InvalidRequestError("a pooling request has one result (n=1)", param="n")
         self.structured.add_request(request.request_id, request.params)  # compiles off the step
         self.requests[request.request_id] = added
         self.scheduler.add(added.sequences[0])
@@ -153,7 +168,7 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule and run one batch: the progress of every request it advanced."""
         started = time.perf_counter()
-        batch = self.scheduler.schedule(self.step_costs.prefill_budget)
+        batch = self.scheduler.schedule(self.step_costs.prefill_budget, self.step_costs.pooling_budget)
         if batch.empty:
             return self._idle(batch)
         self.requests.note_scheduled(batch)
@@ -162,8 +177,7 @@ class EngineCore:
         model_output = self.executor.execute(batch)
         advanced = self.scheduler.update_from_output(batch, model_output)
         outputs = EngineCoreOutputs(self.requests.outputs(advanced), time.perf_counter())
-        self.step_costs.observe(len(batch.decodes) + sum(item.num_tokens for item in batch.prefills),
-                                time.perf_counter() - started)
+        self.step_costs.observe(batch.num_rows, time.perf_counter() - started, decode_only=not batch.prefills)
         return outputs
 
     def step_guarded(self) -> EngineCoreOutputs:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 
 # A sampled token's logprob, its rank (1 = most likely) and the top-n (token id, logprob) pairs.
@@ -20,6 +21,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    pooling: PoolingParams | None = None  # a pooling request: no tokens, its pooled vector once the prompt is computed
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -37,6 +39,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     # Sample 0 of a request asking prompt_logprobs: those of the prompt positions computed since the
     # last output, in order from position 1 (position 0 has none).
     new_prompt_logprobs: list[RawLogprob] | None = None
+    pooled: list[float] | None = None  # a pooling request's result (PoolingParams), with its finish
 
     @property
     def finished(self) -> bool:
@@ -103,3 +106,6 @@ class CoreInfo:
     eos_token_ids: tuple[int, ...]
     weight_bytes: int
     pid: int
+    task: str = "generate"  # EngineConfig.task, resolved: "generate" (and embed), "embed" or "score"
+    embedding_size: int | None = None  # the width of its embeddings (None: it embeds nothing)
+    generates: bool = True  # False: an encoder, which pools only

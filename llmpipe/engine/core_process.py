@@ -18,7 +18,7 @@ import msgspec
 import zmq
 
 from llmpipe.config import EngineConfig
-from llmpipe.engine.core import EngineCore
+from llmpipe.engine.encoder_core import engine_core
 from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_loop import Command, CoreLoop, Stop
 from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
@@ -48,7 +48,7 @@ def run_engine_core(
     context = zmq.Context()
     transport = ZmqTransport(context, input_address, output_address, parent_pid)
     try:
-        core = EngineCore(config)
+        core = engine_core(config)
     except Exception as err:  # a bad path, a corrupt file, an unsupported architecture: one line for the CLI
         transport.outputs.send_multipart([FAILED, str(err).encode()])
         # The API server terminates a core that failed as soon as it reads why: a SIGTERM inside
@@ -56,7 +56,7 @@ def run_engine_core(
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         context.destroy(linger=2000)
         raise SystemExit(1) from None
-    core.executor.fault_in_kv_cache()  # a server lives long: its start-up pays the page faults, not its requests
+    core.fault_in()  # a server lives long: its start-up pays the page faults, not its requests
     try:
         transport.outputs.send_multipart([READY, encoder.encode(core.info(os.getpid()))])
         transport.send(EngineCoreOutputs([], 0.0), core.stats())

@@ -14,13 +14,16 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission, PromptInput
-from llmpipe.engine.core import EngineCore
+from llmpipe.engine.encoder_core import engine_core
 from llmpipe.engine.core_client import ThreadCoreClient
-from llmpipe.engine.core_messages import EngineCoreRequest, EngineStats, SpecDecodeStats
+from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
 from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import InvalidRequestError
 from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.outputs import RequestOutput
+from llmpipe.pooling.prompts import SentencePrompts
+from llmpipe.pooling.rerank_prompt import ScorePrompts
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 
 __all__ = ["EngineStats", "LLMEngine", "PromptInput", "SpecDecodeStats"]
@@ -28,11 +31,14 @@ __all__ = ["EngineStats", "LLMEngine", "PromptInput", "SpecDecodeStats"]
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, *, progress: bool = True):
-        self.core = EngineCore(config, progress=progress)
+        self.core = engine_core(config, progress)
         self.tokenizer = self.core.checkpoint.tokenizer
-        resolved = self.core.config
-        self.admission = Admission(self.tokenizer, resolved.max_model_len, resolved.model_config.vocab_size)
+        info = self.core.info(0)
+        self.admission = Admission.serving(self.tokenizer, info)
+        self.score_prompts = ScorePrompts(info.task, not info.generates, self.tokenizer, info.max_model_len,
+                                          self.checkpoint_path.name)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.sentence_prompts = SentencePrompts.read(self.checkpoint_path)
 
     # What benchmarks, diagnosis and evaluation read of the engine (the core's other state: `core`).
     config = property(lambda self: self.core.config)  # as the core resolved it
@@ -65,12 +71,13 @@ class LLMEngine:
         layout = self.core.kv_layout
         return layout.blocks_held(num_tokens, self.config.block_size) * self.core.block_bytes + layout.state_bytes()
 
-    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams) -> None:
+        """A generation request (SamplingParams) or a pooling one (PoolingParams: it ends with its prompt)."""
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        text, token_ids = self.admission.prompt(prompt, params)
-        self.core.add_request(EngineCoreRequest(request_id, token_ids, params))
-        self.output_processor.add(request_id, text, token_ids, params)
+        text, request = self.admission.request(request_id, prompt, params)
+        self.core.add_request(request)
+        self.output_processor.add(request_id, text, request.prompt_token_ids, request.params)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks at once."""

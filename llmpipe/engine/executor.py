@@ -17,6 +17,7 @@ from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.engine.model_output import ModelOutput
+from llmpipe.engine.pooler import build_pooler, resolve_task
 from llmpipe.engine.token_sampler import TokenSampler
 from llmpipe.kernels import huge_pages
 from llmpipe.loader import load_checkpoint
@@ -36,6 +37,7 @@ class Executor:
         if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
             checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config
+        config.task = resolve_task(config.task, checkpoint.path.name, checkpoint.config.embedding_only)
         self.config, self.checkpoint = config, checkpoint
         self.eos_token_ids = set(checkpoint.config.eos_token_ids)
         if checkpoint.tokenizer is not None and checkpoint.tokenizer.eos_token_id is not None:
@@ -62,9 +64,17 @@ class Executor:
         else:
             self.runner = ModelRunner(self.model, config, self.num_blocks, self.kv_layout)
         self.sampler: TokenSampler | None = None  # the core's, which knows the requests' grammars
+        self.pooler = build_pooler(self.model, checkpoint, config.task)
 
     def execute(self, batch: SchedulerOutput) -> ModelOutput:
-        return self.sampler.sample(batch, self.runner.execute(batch))
+        """The batch's sampled tokens, and the results of the pooling requests whose prompts it completed."""
+        result = self.runner.execute(batch)
+        output = self.sampler.sample(batch, result.logits)
+        chunks = batch.pooling_chunks()
+        if chunks:
+            output.pooled, failed = self.pooler.pool(chunks, result.pooled)
+            output.failed.update(failed)
+        return output
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
         return self.runner.score(token_ids, block_tables, last_only)

@@ -21,5 +21,6 @@ class ModelOutput:
     sampled: dict[Sequence, SampledTokens] = field(default_factory=dict)
     prompt_logprobs: dict[Sequence, list[RawLogprob]] = field(default_factory=dict)
     failed: dict[Sequence, str] = field(default_factory=dict)  # the sequence's own fault → its error
+    pooled: dict[Sequence, list[float]] = field(default_factory=dict)  # pooling requests whose prompts completed
     # Requests whose prompt logprobs failed: each fails whole (its other samples would start from this one's blocks).
     failed_requests: dict[str, str] = field(default_factory=dict)

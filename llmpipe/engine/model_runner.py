@@ -1,11 +1,12 @@
 """ModelRunner: makes the step's block copies, flattens a scheduled batch into tensors (token ids,
 positions, and per KV cache group the metadata its kind builds from the block tables), runs one
-forward pass, and returns the logits that need sampling. Every layer receives its group's metadata.
+forward pass, and returns the logits that need sampling and the hidden states that pooling requests
+end with. Every layer receives its group's metadata.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -18,6 +19,21 @@ from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.quant.linear import decode_numerics
 
 ChunkTables = tuple[list[BlockTable], int, int, int]  # a sequence's tables (one per group), start, end, first batch row
+
+
+class StepInputs(NamedTuple):
+    ids: torch.Tensor
+    positions: torch.Tensor
+    metas: list
+    logit_rows: torch.Tensor  # rows whose logits the sampler reads (Runner.execute's order)
+    pool_spans: list[tuple[int, int]]  # the rows of each pooling request's chunk, in chunk order
+
+
+class RunnerOutput(NamedTuple):
+    logits: torch.Tensor  # [logit rows, vocab]
+    # [pooling chunks, 3, hidden]: each pooling request's chunk's final hidden states summed, its first row
+    # and its last (what mean, cls and last-token pooling read); None: the runner pools nothing
+    pooled: torch.Tensor | None
 
 
 class KVCacheHandle(Protocol):
@@ -33,9 +49,10 @@ class Runner(Protocol):
     @property
     def kv_cache(self) -> KVCacheHandle: ...
 
-    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
-        chunk that ends its prefill, then the chunks' prompt-logprob rows (see ModelRunner.execute)."""
+        chunk that ends its prefill, then the chunks' prompt-logprob rows (see ModelRunner.execute);
+        and the pooling requests' final hidden states."""
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
 
@@ -54,19 +71,21 @@ class ModelRunner:
         self.kv_cache = kv_cache_class(cfg).build(cfg, layout, num_blocks, config, self.device)
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput) -> torch.Tensor:
+    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
         """Logits [rows, vocab]: per decode one row and one per draft token, then one per prefill
         chunk that ends its prefill, then the rows of the prefill chunks' prompt-logprob positions
-        (`Sequence.prompt_logprob_positions`), in chunk order."""
+        (`Sequence.prompt_logprob_positions`), in chunk order; and what the pooling requests' chunks
+        computed (`RunnerOutput.pooled`)."""
         self.copy_blocks(batch.block_copies)
-        ids, positions, metas, logit_rows = self.prepare_inputs(batch)
+        inputs = self.prepare_inputs(batch)
         # Every row with the decode numerics, unless the step scores prompt positions (prompt logprobs:
         # the exact GEMM past KERNEL_MAX_BATCH rows, as engine.score).
         with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)):
-            hidden = self.model(ids, positions, self.kv_cache.layers, metas)
-            if not len(logit_rows):  # only prefill chunks that end no prompt (a long prompt's first chunks)
-                return hidden.new_empty(0, self.config.model_config.vocab_size)
-            return self.model.compute_logits(hidden[logit_rows])
+            hidden = self.model(inputs.ids, inputs.positions, self.kv_cache.layers, inputs.metas)
+            pooled = _chunk_summaries(hidden, inputs.pool_spans)
+            if not len(inputs.logit_rows):  # only chunks that end no sampled prompt (a long prompt's first chunks)
+                return RunnerOutput(hidden.new_empty(0, self.config.model_config.vocab_size), pooled)
+            return RunnerOutput(self.model.compute_logits(hidden[inputs.logit_rows]), pooled)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """The block copies the scheduler queued (prefix hits inside a block, forked samples), before any write."""
@@ -86,10 +105,12 @@ class ModelRunner:
         """Per layer: one sequence's first num_tokens, computed from scratch into block_tables."""
         return self._layer_metadata([], [], [(block_tables, 0, num_tokens, 0)])
 
-    def prepare_inputs(self, batch: SchedulerOutput):
+    def prepare_inputs(self, batch: SchedulerOutput) -> StepInputs:
         """A decode feeds its newest token and any draft tokens, each as a decode row of its own
         (the row at position p sees the keys up to p: drafts are verified in the batched decode
-        path). Prefill chunks follow; their last rows give logits where they end a prefill."""
+        path), and so does a pooling request's prompt beside them (`SchedulerOutput.pooling_rows`).
+        Prefill chunks follow; their last rows give logits where they end a prefill, and a pooling
+        request's chunk gives its rows to pool."""
         ids: list[int] = []
         positions: list[int] = []
         decode_tables: list[list[BlockTable]] = []
@@ -101,6 +122,14 @@ class ModelRunner:
             decode_tables += [seq.block_tables] * len(fed)
             lens.extend(range(seq.num_tokens, seq.num_tokens + len(fed)))
         logit_rows = list(range(len(ids)))
+        pool_spans: list[tuple[int, int]] = []
+        for seq, n in batch.pooling_rows.items():  # a pooling prompt's tokens as decode rows, as drafts are fed
+            start = seq.num_computed_tokens
+            pool_spans.append((len(ids), len(ids) + n))
+            ids += seq.all_token_ids[start : start + n]
+            positions.extend(range(start, start + n))
+            decode_tables += [seq.block_tables] * n
+            lens.extend(range(start + 1, start + n + 1))
         prompt_rows: list[int] = []
         chunks: list[ChunkTables] = []
         for item in batch.prefills:
@@ -110,13 +139,15 @@ class ModelRunner:
             prompt_rows += [len(ids) + q - start for q in seq.prompt_logprob_positions(start, end)]
             ids.extend(seq.all_token_ids[start:end])
             positions.extend(range(start, end))
-            if item.completes_prefill:
+            if seq.pooling is not None:
+                pool_spans.append((len(ids) - item.num_tokens, len(ids)))
+            elif item.completes_prefill:
                 logit_rows.append(len(ids) - 1)
         logit_rows += prompt_rows
         metas = self._layer_metadata(decode_tables, lens, chunks)
-        ids_t = torch.tensor(ids, device=self.device)
-        rows = torch.tensor(logit_rows, dtype=torch.long, device=self.device)
-        return ids_t, torch.tensor(positions, device=self.device), metas, rows
+        rows = lambda r: torch.tensor(r, dtype=torch.long, device=self.device)  # noqa: E731
+        return StepInputs(torch.tensor(ids, device=self.device), torch.tensor(positions, device=self.device), metas,
+                          rows(logit_rows), pool_spans)
 
     def _layer_metadata(self, decode_tables: list[list[BlockTable]], lens: list[int], chunks: list[ChunkTables]):
         """Each group's metadata, built by its kind; every layer receives its group's."""
@@ -127,3 +158,11 @@ class ModelRunner:
             for g, group in enumerate(self.layout.groups)
         ]
         return self.layout.layer_metadata(groups)
+
+
+def _chunk_summaries(hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor | None:
+    """[spans, 3, hidden]: each span's rows summed, its first row, its last row."""
+    if not spans:
+        return None
+    return torch.stack([torch.stack([hidden[a:b].sum(0, dtype=torch.float32), hidden[a].float(), hidden[b - 1].float()])
+                        for a, b in spans])

@@ -65,6 +65,7 @@ class RequestState:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # grows as the prompt is computed
+    pooled: list[float] | None = None  # a pooling request's result
 
     @property
     def finished(self) -> bool:
@@ -86,6 +87,7 @@ class RequestState:
             metrics=self.metrics,
             num_cached_tokens=self.num_cached_tokens,
             prompt_logprobs=self.complete_prompt_logprobs,
+            pooled=self.pooled,
         )
 
 
@@ -132,6 +134,8 @@ class OutputProcessor:
             state.metrics.first_scheduled_time = out.first_scheduled_time
         if out.index == 0:
             state.num_cached_tokens = out.num_cached_tokens
+        if out.pooled is not None:
+            state.pooled = out.pooled
         if out.new_prompt_logprobs and state.prompt_logprobs is not None:
             for info in out.new_prompt_logprobs:
                 token = state.prompt_token_ids[len(state.prompt_logprobs)]

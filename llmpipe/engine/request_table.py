@@ -33,14 +33,15 @@ class RequestTable(dict[str, Request]):
                 generator = torch.Generator(device=self.device).manual_seed(params.seed + index)
             seq = Sequence(request.request_id, index, list(token_ids), params, generator)
             seq.new_logprobs = [] if params.logprobs is not None else None
+            seq.pooling = request.pooling
             sequences.append(seq)
         sequences[0].siblings = sequences[1:]
         return Request(request.request_id, token_ids, params, sequences)
 
     def note_scheduled(self, batch: SchedulerOutput) -> None:
         now = time.perf_counter()
-        for item in batch.prefills:
-            request = self[item.seq.request_id]
+        for seq in [item.seq for item in batch.prefills] + list(batch.pooling_rows):
+            request = self[seq.request_id]
             request.first_scheduled_time = request.first_scheduled_time or now
 
     def outputs(self, seqs: list[Sequence]) -> list[EngineCoreOutput]:

@@ -12,8 +12,8 @@ The scheduler is the only writer of a sequence's progress: after the executor co
 sampled a batch, `update_from_output(batch, model_output)` counts what it computed, registers the
 newly full blocks in the prefix cache, frees what the windows no longer reach, starts the other
 samples of an n > 1 request from sample 0's blocks, appends each sample's tokens under the stop
-rules, keeps the accepted drafts and frees what finished. `add_drafts` decides which speculative
-tokens get slots.
+rules, ends the pooling requests whose prompts completed with their results, keeps the accepted
+drafts and frees what finished. `add_drafts` decides which speculative tokens get slots.
 """
 
 from __future__ import annotations
@@ -56,22 +56,41 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     # Waiting sequences passed over because they were not ready (their grammars still compiling).
     num_held: int = 0
+    # Pooling requests' prompt tokens fed as decode rows beside running decodes (a token each, from
+    # seq.num_computed_tokens): the step keeps the decode path, so the streams keep their pace.
+    pooling_rows: dict[Sequence, int] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
-        return not self.decodes and not self.prefills
+        return not self.decodes and not self.prefills and not self.pooling_rows
+
+    @property
+    def num_rows(self) -> int:
+        """Tokens the step computes (drafts aside): what its cost is kept by (StepCosts)."""
+        return len(self.decodes) + sum(item.num_tokens for item in self.prefills) + sum(self.pooling_rows.values())
+
+    def pooling_chunks(self) -> list[ScheduledChunk]:
+        """What the pooling requests compute this step, in the runner's row order: their decode rows, then
+        their prefill chunks."""
+        return ([ScheduledChunk(seq, n) for seq, n in self.pooling_rows.items()]
+                + [item for item in self.prefills if item.seq.pooling is not None])
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  is_ready: Callable[[Sequence], bool] = lambda seq: True, stop_rules: StopRules | None = None,
-                 keep_kv: bool = True):
+                 keep_kv: bool = True, pool_every_token: bool = False, pool_as_rows: bool = False):
         """`is_ready`: whether a waiting sequence may start (False: its grammar still compiles);
-        `stop_rules`: how sampled tokens are appended; `keep_kv` False: recompute every step."""
+        `stop_rules`: how sampled tokens are appended; `keep_kv` False: recompute every step;
+        `pool_every_token`: pooling requests read every prompt position (mean / cls pooling), so the
+        prefix cache serves them none; `pool_as_rows`: beside running decodes, pooling prompts advance as
+        decode rows (a model whose layers keep no per-sequence state)."""
         self.blocks = block_manager
         self.is_ready = is_ready
         self.stop_rules = stop_rules
         self.keep_kv = keep_kv
+        self.pool_every_token = pool_every_token
+        self.pool_as_rows = pool_as_rows
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -87,9 +106,12 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, prefill_budget: Callable[[int, int], int | None] | None = None) -> SchedulerOutput:
+    def schedule(self, prefill_budget: Callable[[int, int], int | None] | None = None,
+                 pooling_budget: Callable[[int, bool], int | None] | None = None) -> SchedulerOutput:
         """`prefill_budget(num_decodes, num_sequences)`: at most this many prefill tokens (None: no cap)
-        in a step with num_decodes decodes while num_sequences run or wait (up to max_num_seqs)."""
+        in a step with num_decodes decodes while num_sequences run or wait (up to max_num_seqs);
+        `pooling_budget(rows, decode_only)`: at most this many tokens of pooling requests beside a step's
+        generation work of `rows` rows (decode rows alone, or with prompt chunks)."""
         out = SchedulerOutput([], [])
         budget = self.max_num_batched_tokens
         for seq in list(self.running):  # decodes first: one token each
@@ -99,20 +121,37 @@ class Scheduler:
         if out.decodes and prefill_budget is not None:
             cap = prefill_budget(len(out.decodes), min(len(self.running) + len(self.waiting), self.max_num_seqs))
             budget = budget if cap is None else min(budget, cap)
-        for seq in list(self.running):  # then prefill chunks of admitted sequences
-            if budget > 0 and seq.status is SequenceStatus.RUNNING and seq.in_prefill:
+        budget = self._prefill(out, budget, pooling=False)  # then generation prompts: admitted, then waiting
+        # Pooling requests last: they add a bounded share to the generation work (all of what is left when
+        # there is none), as decode rows beside decodes alone where the model allows.
+        generation = out.num_rows
+        cap = pooling_budget(generation, not out.prefills) if generation and pooling_budget is not None else None
+        as_rows = cap is not None and not out.prefills and self.pool_as_rows
+        self._prefill(out, budget if cap is None else min(budget, cap), pooling=True, as_rows=as_rows)
+        out.block_copies = self.blocks.take_block_copies()
+        out.forks = {item.seq: item.seq.siblings for item in out.prefills if item.completes_prefill and item.seq.siblings}
+        return out
+
+    def _prefill(self, out: SchedulerOutput, budget: int, pooling: bool, as_rows: bool = False) -> int:
+        """Chunks of the admitted sequences still in prefill, then of the waiting ones in arrival order: of
+        pooling requests or of the others. Returns the budget left."""
+        for seq in list(self.running):
+            if budget > 0 and (seq.pooling is not None) == pooling and seq.status is SequenceStatus.RUNNING \
+                    and seq.in_prefill:
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 if self._reserve_slots(seq, n, out):
-                    out.prefills.append(ScheduledChunk(seq, n))
+                    self._add_chunk(out, seq, n, as_rows)
                     budget -= n
-        held: list[Sequence] = []  # not ready yet: they keep their place in the queue
+        passed: list[Sequence] = []  # the other kind, or not ready: they keep their place in the queue
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.is_ready(seq):
-                held.append(self.waiting.popleft())
+            if (seq.pooling is not None) != pooling or not self.is_ready(seq):
+                out.num_held += (seq.pooling is not None) == pooling
+                passed.append(self.waiting.popleft())
                 continue
             # vLLM's rule: a prompt whose logprobs are still wanted is computed, never served from the cache.
-            hit = self.blocks.no_hit() if seq.needs_prompt_logprobs else self.blocks.prefix_hit(seq)
+            computed = seq.needs_prompt_logprobs or (seq.pooling is not None and self.pool_every_token)
+            hit = self.blocks.no_hit() if computed else self.blocks.prefix_hit(seq)
             n = min(seq.num_tokens - hit.num_tokens, budget)
             if not self.blocks.can_allocate(seq, hit, n):
                 break
@@ -121,13 +160,17 @@ class Scheduler:
             seq.num_computed_tokens = hit.num_tokens  # the prefix cache's blocks hold them
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.prefills.append(ScheduledChunk(seq, n))
+            self._add_chunk(out, seq, n, as_rows)
             budget -= n
-        self.waiting.extendleft(reversed(held))
-        out.num_held = len(held)
-        out.block_copies = self.blocks.take_block_copies()
-        out.forks = {item.seq: item.seq.siblings for item in out.prefills if item.completes_prefill and item.seq.siblings}
-        return out
+        self.waiting.extendleft(reversed(passed))
+        return budget
+
+    @staticmethod
+    def _add_chunk(out: SchedulerOutput, seq: Sequence, n: int, as_rows: bool) -> None:
+        if as_rows and seq.pooling is not None:
+            out.pooling_rows[seq] = n
+        else:
+            out.prefills.append(ScheduledChunk(seq, n))
 
     def add_drafts(self, out: SchedulerOutput, drafts: dict[Sequence, list[int]]) -> dict[Sequence, list[int]]:
         """Give the decodes' draft tokens slots where the cache has blocks for them; the drafts kept."""
@@ -146,7 +189,11 @@ class Scheduler:
             if not seq.finished:
                 seq.add_prompt_logprobs(logprobs)
         self._fork(out, model_output)
-        sampled = list(dict.fromkeys([*model_output.sampled, *model_output.failed]))
+        for seq, result in model_output.pooled.items():  # a pooling request ends with its prompt
+            if not seq.finished:
+                seq.pooled = result
+                seq.finish("stop")
+        sampled = list(dict.fromkeys([*model_output.sampled, *model_output.failed, *model_output.pooled]))
         for seq in sampled:
             if seq in model_output.failed:
                 seq.fail(model_output.failed[seq])
@@ -167,8 +214,10 @@ class Scheduler:
             seq.num_computed_tokens += 1
         for item in out.prefills:
             item.seq.num_computed_tokens += item.num_tokens
-        self.num_prefill_tokens += sum(item.num_tokens for item in out.prefills)
-        for seq in out.decodes + [item.seq for item in out.prefills]:
+        for seq, n in out.pooling_rows.items():
+            seq.num_computed_tokens += n
+        self.num_prefill_tokens += sum(item.num_tokens for item in out.prefills) + sum(out.pooling_rows.values())
+        for seq in out.decodes + [item.seq for item in out.prefills] + list(out.pooling_rows):
             self.blocks.register_full_blocks(seq, seq.num_computed_tokens)
             self.blocks.free_unreachable(seq)  # at once, so usage and stats show what is held
 
@@ -229,6 +278,7 @@ class Scheduler:
             self.preempt(victim)
             if victim in out.decodes:
                 out.decodes.remove(victim)
+            out.pooling_rows.pop(victim, None)
             out.prefills = [item for item in out.prefills if item.seq is not victim]
             if victim is seq:
                 return False

@@ -10,6 +10,7 @@ import torch
 
 from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.engine.core_messages import EngineCoreOutput, RawLogprob
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 
 
@@ -43,6 +44,8 @@ class Sequence:
     new_prompt_logprobs: list[RawLogprob] | None = None  # of those, the ones not yet sent
     # Sample 0 of an n > 1 request: the other samples, until they start from its prefilled prompt.
     siblings: list[Sequence] = field(default_factory=list, repr=False)
+    pooling: PoolingParams | None = None  # a pooling request: it ends with its prompt, pooled
+    pooled: list[float] | None = None
 
     def __post_init__(self) -> None:
         self.all_token_ids = self.prompt_token_ids + self.output_token_ids
@@ -78,8 +81,9 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        """More than the newest token still lacks K/V (a prompt, or a resumed preempted sequence)."""
-        return self.num_tokens - self.num_computed_tokens > 1
+        """More than the newest token still lacks K/V (a prompt, or a resumed preempted sequence); any token,
+        for a pooling request (it never decodes)."""
+        return self.num_tokens - self.num_computed_tokens > (0 if self.pooling is not None else 1)
 
     def finish(self, reason: str, stop_reason: int | str | None = None) -> None:
         self.finish_reason, self.stop_reason = reason, stop_reason
@@ -97,7 +101,7 @@ class Sequence:
         prompt_logprobs, self.new_prompt_logprobs = self.new_prompt_logprobs, None
         return EngineCoreOutput(
             self.request_id, self.index, new, logprobs, self.finish_reason, self.stop_reason, self.error,
-            self.num_cached_tokens, first_scheduled_time, prompt_logprobs,
+            self.num_cached_tokens, first_scheduled_time, prompt_logprobs, self.pooled,
         )
 
 

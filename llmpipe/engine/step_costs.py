@@ -25,6 +25,11 @@ waits: the reference already grows with the queue, so the allowance grew as its 
 completions request listing 256 short prompts (~3,000 tokens) put 127 of them, 1,524 tokens, into
 one step beside a lone stream (its token 1.8 s late; 4.6 s on one thread). A step that size already
 runs at the per-row cost, so a larger one admits a burst no sooner; it only stalls the streams.
+
+Pooling requests (embeddings, scores) come after a step's generation work, with a budget of their
+own (`pooling_budget`): what keeps the step within POOLING_STALL of that work alone, measured on steps
+of its kind (beside decodes alone they are decode rows, and a step of decode rows costs far less than a
+step that leaves the decode path: `decode_steps`).
 """
 
 from __future__ import annotations
@@ -33,13 +38,18 @@ import bisect
 
 SMOOTHING = 0.2  # weight of the newest step in the running means
 MIN_PREFILL_CHUNK = 16  # never fewer prefill tokens than this beside decodes: prompts must progress
+# Pooling requests beside decodes keep a step within this many times the decodes alone: a burst of
+# embeddings (a RAG pipeline indexing) must leave a chat stream's pace as it was (issue 47: its ITL
+# p99 up by 1.5x at most). They end with their prompts, so no reply waits on them the way a stream
+# waits on its own first token, and they get no burst allowance.
+POOLING_STALL = 1.1
 
 
-class StepCosts:
-    def __init__(self, max_stall: float | None, max_num_seqs: int) -> None:
-        self.max_stall = max_stall
-        self.max_num_seqs = max_num_seqs
-        self.seconds: dict[int, float] = {}  # running mean of a step's time, by its rows
+class CostTable:
+    """Running means of a step's time by its rows."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[int, float] = {}
 
     def observe(self, num_rows: int, seconds: float) -> None:
         if num_rows:
@@ -66,6 +76,42 @@ class StepCosts:
             if t_hi > seconds:
                 return lo if t_hi <= t_lo else int(lo + (hi - lo) * (seconds - t_lo) / (t_hi - t_lo))
         return int(sizes[-1] * seconds / self.seconds[sizes[-1]])
+
+
+class StepCosts(CostTable):
+    """Every step's cost by its rows, and apart, the steps of decode rows alone (what the decode path
+    costs: pooling prompts beside streams are fed as decode rows)."""
+
+    def __init__(self, max_stall: float | None, max_num_seqs: int) -> None:
+        super().__init__()
+        self.max_stall = max_stall
+        self.max_num_seqs = max_num_seqs
+        self.decode_steps = CostTable()
+
+    def observe(self, num_rows: int, seconds: float, decode_only: bool = False) -> None:
+        super().observe(num_rows, seconds)
+        if decode_only:
+            self.decode_steps.observe(num_rows, seconds)
+
+    def pooling_budget(self, rows: int, decode_only: bool) -> int | None:
+        """Tokens of pooling requests (embeddings, scores) a step may carry beside `rows` rows of generation
+        work: up to POOLING_STALL times that work alone, as steps of its kind measured (decode rows alone:
+        pooling prompts then join as decode rows, where the model allows), growing a row at a time past the
+        largest seen while it fits; no burst allowance and no MIN_PREFILL_CHUNK, one token a step at least
+        (where more rows cost much the embeddings wait for the streams, not the other way round); None: no
+        cap (off)."""
+        if self.max_stall is None:
+            return None
+        steps = self.decode_steps if decode_only else self
+        reference = steps.cost(rows)
+        if reference is None:
+            return 0
+        allowed = min(self.max_stall, POOLING_STALL) * reference
+        more = steps.rows_within(allowed)
+        largest = max(steps.seconds)
+        if steps.seconds[largest] <= allowed:  # one row past the largest step seen while it stays within
+            more = max(more, largest + 1)
+        return max(1, more - rows)
 
     def prefill_budget(self, num_decodes: int, num_sequences: int) -> int | None:
         """Prefill tokens a step with num_decodes decodes may carry so that it takes at most

@@ -46,7 +46,7 @@ class TokenSampler:
         """logits as Runner.execute returns them: per sampled sequence its rows (its newest token and any
         drafts), then the chunks' prompt-logprob rows."""
         out = ModelOutput()
-        sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill]
+        sampled = batch.decodes + [item.seq for item in batch.prefills if item.completes_prefill and item.seq.pooling is None]
         widths = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in sampled]
         starts = [0, *itertools.accumulate(widths)]
         self._prompt_logprobs(batch, logits[starts[-1] :], out)

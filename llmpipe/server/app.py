@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP server: FastAPI routes over one AsyncEngine (the front end of an engine
 core in its own process under `llmpipe serve`, or of an in-process `LLM`'s core on a thread).
 
-Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health, /metrics,
-/tokenize, /detokenize, /tokenizer_info, and / (the playground page).
+Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/responses, /v1/messages,
+/v1/embeddings, /v1/rerank, /v1/score, /v1/models, /health, /metrics, /tokenize, /detokenize,
+/tokenizer_info, and / (the playground page).
 
 Nothing heavy runs on the event loop: parsing and validating a body, chat templating, tokenizing
 and rendering a large reply run on a small worker pool (`Server.offload`), so one 7 MiB request
@@ -27,6 +28,14 @@ from pydantic import BaseModel
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
+from llmpipe.loader.aliases import resolve_model
+from llmpipe.pooling.prompts import SentencePrompts
+from llmpipe.pooling.rerank_prompt import ScorePrompts
+from llmpipe.pooling_params import PoolingParams
+from llmpipe.server.pooling import embedding_inputs, embedding_reply, rerank_inputs, rerank_reply, score_inputs, score_reply
+from llmpipe.server.pooling_protocol import POOLING_REQUESTS, EmbeddingRequest, RerankRequest, ScoreRequest
+from llmpipe.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from llmpipe.server.anthropic import MessageShape, anthropic_errors, count_tokens, messages_request
 from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableError
 from llmpipe.server.request_batch import RequestBatch
 from llmpipe.server.errors import install_error_handlers
@@ -65,10 +74,21 @@ class Server:
         engine.on_output = self.metrics.observe
         self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
         self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name, tool_call_parser)
+        info = engine.info
+        self.score_prompts = ScorePrompts(info.task, not info.generates, engine.tokenizer, info.max_model_len, model_name)
+        self.sentence_prompts = SentencePrompts.read(resolve_model(info.model))
 
     @property
     def max_model_len(self) -> int:
         return self.inputs.max_model_len
+
+    async def pooled(self, request: Request, prompts: list[dict], params: PoolingParams,
+                   reply: Callable[[list[RequestOutput]], dict]) -> Response:
+        """Run the pooling requests of one body together; their reply, rendered off the event loop."""
+        finals = await _finals(request, await RequestBatch.start(self.engine, [(p, params) for p in prompts], None))
+        if finals is None:
+            return Response(status_code=499)
+        return await self.offload(lambda: JSONResponse(reply(finals)))
 
     async def offload(self, work: Callable[..., Any], *args: Any) -> Any:
         """Run `work` on the worker pool, leaving the event loop free."""
@@ -76,20 +96,17 @@ class Server:
 
     async def respond(
         self, request: Request, body: SamplingFields, requests: list[tuple[dict, SamplingParams]], fmt: Format,
-        shape: ResponseShape | None = None,
+        shape: ResponseShape | MessageShape | None = None,
     ):
         """The reply to one body's engine requests (one per prompt): chat / completion JSON or SSE
-        chunks, or (with `shape`) the Responses API's object or events."""
+        chunks, or (with `shape`) the Responses API's or the Messages API's object or events."""
         if body.user or body.safety_identifier:
             logger.debug("request for user %r", body.user or body.safety_identifier)
         batch = await RequestBatch.start(self.engine, requests, fmt)
         if body.stream:
             chunks = batch.chunks(body.include_usage)
             return _EngineStreamResponse(shape.events(chunks) if shape else _sse(chunks), batch)
-        try:
-            finals = await _unless_disconnected(request, asyncio.gather(*(_last(stream) for stream in batch.streams)))
-        finally:
-            batch.abort()
+        finals = await _finals(request, batch)
         if finals is None:
             return Response(status_code=499)
         return await self.offload(lambda: JSONResponse(shape.body(batch.body(finals)) if shape else batch.body(finals)))
@@ -104,7 +121,7 @@ def json_body(model: type[BaseModel]) -> dict:
 def request_schemas() -> dict:
     """JSON schemas of every request body and what they nest, for OpenAPI's components."""
     schemas = {}
-    for model in REQUESTS.values():
+    for model in [*REQUESTS.values(), *POOLING_REQUESTS.values(), MessagesRequest, CountTokensRequest]:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -137,6 +154,14 @@ async def _sse(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     async for chunk in chunks:
         yield _event(chunk)
     yield "data: [DONE]\n\n"
+
+
+async def _finals(request: Request, batch: RequestBatch) -> list[RequestOutput] | None:
+    """Every stream's last output, or None if the client hung up first; the batch is aborted however it ends."""
+    try:
+        return await _unless_disconnected(request, asyncio.gather(*(_last(stream) for stream in batch.streams)))
+    finally:
+        batch.abort()
 
 
 async def _last(stream: RequestStream) -> RequestOutput:
@@ -187,6 +212,49 @@ async def chat_completions(request: Request):
 async def responses(request: Request):
     server = _server(request)
     return await server.respond(request, *await server.offload(server.inputs.response, await request.body()))
+
+
+# Anthropic's Messages API: run as chat completions (server/anthropic.py), errors in Anthropic's shape.
+@router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
+async def anthropic_messages(request: Request) -> Response:
+    server = _server(request)
+
+    async def reply() -> Response:
+        return await server.respond(request, *await server.offload(messages_request, server.inputs, await request.body()))
+
+    return await anthropic_errors(request, reply())
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
+async def anthropic_count_tokens(request: Request) -> Response:
+    server = _server(request)
+    return await anthropic_errors(request, server.offload(count_tokens, server.inputs, await request.body()))
+
+
+# Embeddings, rerank and score (server/pooling.py): one pooling request per input or pair.
+@router.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest))
+async def embeddings(request: Request) -> Response:
+    server = _server(request)
+    body, prompts, params = await server.offload(embedding_inputs, server.inputs, server.sentence_prompts,
+                                                 await request.body())
+    return await server.pooled(request, prompts, params, lambda finals: embedding_reply(server.model_name, body, finals))
+
+
+@router.post("/v1/rerank", openapi_extra=json_body(RerankRequest))
+@router.post("/rerank", include_in_schema=False)
+@router.post("/v2/rerank", include_in_schema=False)
+async def rerank(request: Request) -> Response:
+    server = _server(request)
+    body, prompts = await server.offload(rerank_inputs, server.inputs, server.score_prompts, await request.body())
+    return await server.pooled(request, prompts, PoolingParams("score"),
+                             lambda finals: rerank_reply(server.model_name, body, finals))
+
+
+@router.post("/v1/score", openapi_extra=json_body(ScoreRequest))
+async def score(request: Request) -> Response:
+    server = _server(request)
+    _, prompts = await server.offload(score_inputs, server.inputs, server.score_prompts, await request.body())
+    return await server.pooled(request, prompts, PoolingParams("score"), lambda finals: score_reply(server.model_name, finals))
 
 
 @router.get("/v1/models")

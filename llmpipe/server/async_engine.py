@@ -17,10 +17,11 @@ from typing import AsyncIterator, Callable
 from llmpipe.engine.admission import Admission, PromptInput
 from llmpipe.engine.core_messages import EngineStats
 from llmpipe.engine.core_client import CoreClient
-from llmpipe.engine.core_messages import EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.core_messages import EngineCoreOutputs
 from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import LLMPipeError
 from llmpipe.outputs import RequestOutput
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 from llmpipe.tokenizer import Tokenizer
 
@@ -72,7 +73,7 @@ class AsyncEngine:
         self.tokenizer = tokenizer
         self.max_waiting = max_waiting
         self.stats: EngineStats = client.stats  # the core's latest snapshot (after its latest step)
-        self.admission = Admission(tokenizer, client.info.max_model_len, client.info.vocab_size)
+        self.admission = Admission.serving(tokenizer, client.info)
         self.outputs = OutputProcessor(tokenizer)
         # Called with every output the engine hands back, in order (the server's metrics).
         self.on_output: Callable[[RequestStream, RequestOutput], None] | None = None
@@ -138,19 +139,20 @@ class AsyncEngine:
     def num_waiting(self) -> int:
         return len(self._unseen)
 
-    async def add(self, prompt: PromptInput, params: SamplingParams) -> RequestStream:
-        """Queue a request; raises InvalidRequestError (admission) or UnavailableError."""
+    async def add(self, prompt: PromptInput, params: SamplingParams | PoolingParams) -> RequestStream:
+        """Queue a generation or pooling request; raises InvalidRequestError (admission) or UnavailableError."""
         if self._closing:
             raise UnavailableError("the server is shutting down")
         if self._dead is not None:
             raise UnavailableError(self._dead)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise UnavailableError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
-        text, token_ids = self.admission.prompt(prompt, params)
-        stream = RequestStream(f"req-{next(self._ids)}", self)
-        self.outputs.add(stream.request_id, text, token_ids, params)
+        request_id = f"req-{next(self._ids)}"
+        text, request = self.admission.request(request_id, prompt, params)
+        stream = RequestStream(request_id, self)
+        self.outputs.add(request_id, text, request.prompt_token_ids, request.params)
         try:
-            self.client.add(EngineCoreRequest(stream.request_id, token_ids, params))
+            self.client.add(request)
         except LLMPipeError as err:
             self.outputs.abort(stream.request_id)
             raise UnavailableError(str(err)) from err

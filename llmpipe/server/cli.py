@@ -32,7 +32,7 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
     from llmpipe.engine_args import engine_kwargs
     from llmpipe.config import EngineConfig
     from llmpipe.engine.core_client import ProcessCoreClient
-    from llmpipe.loader import load_checkpoint
+    from llmpipe.engine.encoder_core import serving_tokenizer
     from llmpipe.server.app import create_app
     from llmpipe.server.async_engine import AsyncEngine
     from llmpipe.server.http import uvicorn_config
@@ -55,7 +55,7 @@ def run_serve(args: argparse.Namespace, before_step: Callable[[], None] | None =
             super().handle_exit(sig, None)
 
     config = EngineConfig.from_kwargs(model=args.model, **engine_kwargs(args))
-    tokenizer = load_checkpoint(config.model).tokenizer  # the API side's; the core loads the weights
+    tokenizer = serving_tokenizer(config.model)  # the API side's; the core loads the weights
     if args.data_parallel_size > 1:
         from llmpipe.deploy.ray import data_parallel_client, stop_replicas
 

@@ -817,10 +817,11 @@ REQUESTS = {
 }
 
 
-def field_table() -> list[tuple[str, str, str]]:
-    """(route, field, what happens) for every request field: docs/serving.md's table is this table."""
+def field_table(requests: dict[str, type[_Body]] = REQUESTS) -> list[tuple[str, str, str]]:
+    """(route, field, what happens) for every field of `requests`' bodies: docs/serving.md's table is this
+    table (with the pooling routes': server/pooling_protocol.py)."""
     rows = []
-    for route, model in REQUESTS.items():
+    for route, model in requests.items():
         for name, info in model.model_fields.items():
             refused = model.REFUSED.get(name)
             if refused is not None:

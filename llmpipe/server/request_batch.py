@@ -20,6 +20,7 @@ from llmpipe.outputs import Logprob, RequestOutput
 from llmpipe.server.async_engine import AsyncEngine, RequestStream
 from llmpipe.server.errors import llmpipe_error_body
 from llmpipe.server.openai_format import CompletionFormat, Format, StreamState, stream_chunks, usage
+from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 
 MIN_LOGPROB = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
@@ -34,8 +35,10 @@ class RequestBatch:
     echo_texts: dict[int, str] = field(default_factory=dict)  # prompt index → its echoed text, decoded once
 
     @classmethod
-    async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams]], fmt: Format):
-        """Queue every prompt's request; if one is refused, those already queued are aborted."""
+    async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams | PoolingParams]],
+                    fmt: Format | None):
+        """Queue every prompt's request; if one is refused, those already queued are aborted. (Pooling
+        requests have no format: each ends with its result.)"""
         streams: list[RequestStream] = []
         try:
             for prompt, params in requests:
@@ -45,6 +48,8 @@ class RequestBatch:
                 stream.abort()
             raise
         params = requests[0][1]
+        if isinstance(params, PoolingParams):
+            return cls(streams, fmt, 1, False)
         return cls(streams, fmt, params.n, params.prompt_logprobs is not None)
 
     def abort(self) -> None:

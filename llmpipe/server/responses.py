@@ -26,12 +26,13 @@ CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_
                "response_format": "text.format", "top_logprobs": "top_logprobs"}
 
 
-def chat_error(err: InvalidRequestError) -> InvalidRequestError:
-    """A chat completions error, naming the Responses field it came from."""
+def chat_error(err: InvalidRequestError, params: dict[str, str] = CHAT_PARAMS) -> InvalidRequestError:
+    """A chat completions error, naming the field it came from (`params`: chat field → the field of the
+    API called, the Responses API's unless told)."""
     param = err.param or ""
     head, _, rest = param.partition(".")
     field = head.split("[")[0]
-    name = CHAT_PARAMS.get(field)
+    name = params.get(field)
     if name is None:
         return err
     if field != head:  # messages[i]: i counts chat messages, not input items (instructions, merged calls)

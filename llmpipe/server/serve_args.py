@@ -15,7 +15,8 @@ def add_serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer KEY' on every route but /health and / (docs included)")
+                       help="require 'Authorization: Bearer KEY' (or Anthropic's 'x-api-key: KEY') on every route but /health "
+                       "and / (docs included)")
     serve.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     serve.add_argument("--max-waiting", type=int, default=512, help="queued requests before new ones get 503")
     serve.add_argument(

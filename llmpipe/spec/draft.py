@@ -120,7 +120,7 @@ class DraftProposer:
             [s for s in shadows if not s.in_prefill],
             [ScheduledChunk(s, s.num_tokens - s.num_computed_tokens) for s in shadows if s.in_prefill],
         )
-        logits = self.runner.execute(batch)  # rows: decodes, then the chunks (each ends its prefill)
+        logits = self.runner.execute(batch).logits  # rows: decodes, then the chunks (each ends its prefill)
         for shadow in shadows:
             shadow.num_computed_tokens = shadow.num_tokens
         return logits, batch.decodes + [chunk.seq for chunk in batch.prefills]

@@ -198,9 +198,9 @@ def logit_shapes(llm: LLM, monkeypatch) -> list[tuple[int, ...]]:
     execute = runner.execute
 
     def recording(batch):
-        logits = execute(batch)
-        shapes.append(tuple(logits.shape))
-        return logits
+        output = execute(batch)
+        shapes.append(tuple(output.logits.shape))
+        return output
 
     monkeypatch.setattr(runner, "execute", recording)
     return shapes

@@ -227,7 +227,7 @@ class FixedCosts(StepCosts):
         super().__init__(max_stall, max_num_seqs)
         self.seconds = {rows: 0.010 + 0.001 * rows for rows in (1, 16, 64, 128, 512, 2048)}
 
-    def observe(self, num_rows: int, seconds: float) -> None:
+    def observe(self, num_rows: int, seconds: float, decode_only: bool = False) -> None:
         pass
 
 
@@ -243,8 +243,8 @@ def test_a_list_of_256_prompts_joins_a_stream_at_the_stall_of_a_full_batch(tiny_
     steps: list[tuple[set[str], int]] = []  # per step: the requests decoding, the prefill tokens
     schedule = core.scheduler.schedule
 
-    def recorded(prefill_budget=None):
-        out = schedule(prefill_budget)
+    def recorded(*budgets):
+        out = schedule(*budgets)
         steps.append(({seq.request_id for seq in out.decodes}, sum(item.num_tokens for item in out.prefills)))
         return out
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from llmpipe.server.pooling_protocol import POOLING_REQUESTS
 from llmpipe.server.protocol import MAX_LOGIT_BIAS, MAX_MESSAGES, MAX_STOP_CHARS, MAX_STOP_STRINGS, REQUESTS, field_table
 from tests.server.utils import TINY_MODEL, live_server
 
@@ -178,7 +179,7 @@ def test_a_refused_field_asking_for_something_is_a_400_naming_it(url, route, fie
 
 def test_the_serving_docs_list_every_field_as_the_server_treats_it():
     readme = (Path(__file__).parents[2] / "docs" / "serving.md").read_text()
-    for route, field, what in field_table():
+    for route, field, what in field_table(REQUESTS | POOLING_REQUESTS):
         assert f"| `{route}` | `{field}` | {what} |" in readme, (route, field)
 
 

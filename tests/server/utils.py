@@ -20,7 +20,7 @@ import uvicorn
 from llmpipe import LLM
 from llmpipe.config import EngineConfig
 from llmpipe.engine.core_client import ProcessCoreClient
-from llmpipe.loader import load_checkpoint
+from llmpipe.engine.encoder_core import serving_tokenizer
 from llmpipe.server.app import create_app
 from llmpipe.server.async_engine import AsyncEngine
 from llmpipe.server.http import uvicorn_config
@@ -90,7 +90,7 @@ def paced(delay: float = STEP_DELAY_S):
 def core_process_engine(path: str, before_step=None, **options) -> AsyncEngine:
     """An AsyncEngine over an engine core process, as `llmpipe serve` builds it."""
     config = EngineConfig.from_kwargs(model=path, **options)
-    return AsyncEngine(ProcessCoreClient(config, before_step), load_checkpoint(path).tokenizer, max_waiting=512)
+    return AsyncEngine(ProcessCoreClient(config, before_step), serving_tokenizer(path), max_waiting=512)
 
 
 @contextmanager
