@@ -228,37 +228,6 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
     }
 }
 
-/* One weight row's weights [k0, k1) against MR activation rows (row m's planes at qx + m * K and + lo; dx, xsum
- * [MR, K / 32]): out[m] = that part of the row's dot with activation row m. codes: a block's scratch. */
-static inline __attribute__((always_inline)) void ggml_row_avx2(int64_t t, const uint8_t *row, const int8_t *qx,
-                                                                const float *dx, const float *xsum, int64_t K, int64_t k0,
-                                                                int64_t k1, int64_t lo, int64_t ahead, float *out, const int MR,
-                                                                const int PL, int8_t *codes) {
-    const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t), B = K / BLOCK;
-    float s16[16], m32[8];
-    __m256 acc[8];
-    float mins[8] = {0};
-    for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
-    for (int64_t blk = k0 / W; blk < k1 / W; blk++) {
-        const uint8_t *b = row + blk * S;
-        _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);
-        ggml_unpack(t, b, codes, s16, m32);
-        for (int64_t i = 0; i < W / BLOCK; i++) {
-            const int64_t c = blk * (W / BLOCK) + i;
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + i * BLOCK)), wabs = _mm256_sign_epi8(w, w);
-            const __m256 ws = _mm256_setr_m128(_mm_set1_ps(s16[2 * i]), _mm_set1_ps(s16[2 * i + 1]));
-            for (int m = 0; m < MR; m++) {
-                const int8_t *p = qx + m * K + c * BLOCK;
-                __m256i d = dot_u8s8(wabs, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), w), PL == 1 ? ONES16 : HIGH16);
-                if (PL == 2) d = _mm256_add_epi32(d, dot_u8s8(_mm256_loadu_si256((const __m256i *)(p + lo)), w, ONES16));
-                acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ws, _mm256_set1_ps(dx[m * B + c])), acc[m]);
-                mins[m] += m32[i] * xsum[m * B + c];
-            }
-        }
-    }
-    for (int m = 0; m < MR; m++) out[m] = hsum(acc[m]) - mins[m];
-}
-
 /* ---- AVX2: four blocks of 32 at a time, straight from the file's bytes ---------------------------- */
 
 /* Four consecutive blocks of 32 weights in registers. u[i]: block i's 32 codes as maddubs' unsigned operand —
@@ -271,13 +240,21 @@ typedef struct {
     __m128 ws, mins;
 } Avx2Quad;
 
-/* acc[m] += the quad's dots with activation row m, blocks c .. c + 3 of the row. The four blocks' eight-lane
+/* Four floats at p, or the first n of them and zeros (the rest never read: a row's last blocks). */
+static inline __attribute__((always_inline)) __m256 avx2_quad_floats(const float *p, const int n) {
+    if (n == 4) return _mm256_broadcast_ps((const __m128 *)p);
+    const __m128 v = _mm_maskload_ps(p, _mm_cmpgt_epi32(_mm_set1_epi32(n), _mm_setr_epi32(0, 1, 2, 3)));
+    return _mm256_set_m128(v, v);
+}
+
+/* acc[m] += the quad's dots with activation row m, blocks c .. c + n - 1 of the row (n = 4 but at a row's
+ * end: the last one to three blocks, whose missing activations read as zero). The four blocks' eight-lane
  * integer dots reduce to one vector (two horizontal adds: lane i and 4 + i hold block i's halves), so the
  * float work is one convert and two multiply-adds a quad rather than a block. */
 static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, int64_t c, const int8_t *qx,
                                                             const float *dx, const float *xsum, int64_t K, int64_t lo,
                                                             __m256 *acc, const int MR, const int PL, const int SIGNED,
-                                                            const int MIN, const int MUL) {
+                                                            const int MIN, const int MUL, const int n) {
     const int64_t B = K / BLOCK;
     const __m256 ws = _mm256_set_m128(q->ws, q->ws);
     const __m256 mins = MIN ? _mm256_set_m128(_mm_setzero_ps(), q->mins) : _mm256_setzero_ps();
@@ -285,6 +262,10 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
         const int8_t *p = qx + m * K + c * BLOCK;
         __m256i d[4];
         for (int i = 0; i < 4; i++) {
+            if (i >= n) {
+                d[i] = _mm256_setzero_si256();
+                continue;
+            }
             const __m256i mul = MUL ? q->mul[i] : ONES16;
             const __m256i x = _mm256_loadu_si256((const __m256i *)(p + BLOCK * i));
             d[i] = dot_u8s8(q->u[i], SIGNED ? _mm256_sign_epi8(x, q->w[i]) : x, PL == 1 ? mul : _mm256_slli_epi16(mul, 7));
@@ -294,9 +275,9 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
             }
         }
         const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
-        const __m256 k = _mm256_mul_ps(ws, _mm256_broadcast_ps((const __m128 *)(dx + m * B + c)));
+        const __m256 k = _mm256_mul_ps(ws, avx2_quad_floats(dx + m * B + c, n));
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), k, acc[m]);
-        if (MIN) acc[m] = _mm256_fnmadd_ps(mins, _mm256_broadcast_ps((const __m128 *)(xsum + m * B + c)), acc[m]);
+        if (MIN) acc[m] = _mm256_fnmadd_ps(mins, avx2_quad_floats(xsum + m * B + c, n), acc[m]);
     }
 }
 
@@ -369,7 +350,8 @@ static inline void mxfp4_quad(const uint8_t *b, Avx2Quad *q) {
     for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();
 #define AVX2_ROW_END for (int m = 0; m < MR; m++) out[m] = hsum(acc[m]);
 
-/* The 32-weight types: quads, then the last one to three blocks one at a time (ggml_row_avx2). */
+/* The 32-weight types: quads, then the last one to three blocks as a quad of their own (copied beside zero
+ * blocks, so that no load runs past the row; their missing activations read as zero: avx2_quad's n). */
 #define DEFINE_AVX2_ROW32(NAME, TYPE, QUAD, SIGNED, MIN)                                                             \
     AVX2_ROW(NAME) {                                                                                               \
         const int64_t S = ggml_block_bytes(TYPE);                                                                  \
@@ -380,15 +362,16 @@ static inline void mxfp4_quad(const uint8_t *b, Avx2Quad *q) {
             for (int64_t l = 0; l < 4 * S; l += 64) _mm_prefetch((const char *)b + ahead + l, _MM_HINT_T0);        \
             Avx2Quad q;                                                                                            \
             QUAD(b, &q);                                                                                           \
-            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0);                                    \
+            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0, 4);                                 \
+        }                                                                                                          \
+        if (c < k1 / BLOCK) {                                                                                      \
+            uint8_t tail[4 * 34] = {0};                                                                            \
+            memcpy(tail, row + c * S, (size_t)((k1 / BLOCK - c) * S));                                             \
+            Avx2Quad q;                                                                                            \
+            QUAD(tail, &q);                                                                                        \
+            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0, (int)(k1 / BLOCK - c));             \
         }                                                                                                          \
         AVX2_ROW_END                                                                                               \
-        if (c < k1 / BLOCK) {                                                                                      \
-            float rest[8];                                                                                         \
-            int8_t codes[32];                                                                                      \
-            ggml_row_avx2(TYPE, row, qx, dx, xsum, K, c * BLOCK, k1, lo, ahead, rest, MR, PL, codes);               \
-            for (int m = 0; m < MR; m++) out[m] += rest[m];                                                        \
-        }                                                                                                          \
     }
 DEFINE_AVX2_ROW32(ggml_row_avx2_q4_0, GGML_Q4_0, q4_0_quad, 0, 1)
 DEFINE_AVX2_ROW32(ggml_row_avx2_q4_1, GGML_Q4_1, q4_1_quad, 0, 1)
@@ -410,7 +393,7 @@ DEFINE_AVX2_ROW32(ggml_row_avx2_mxfp4, GGML_MXFP4, mxfp4_quad, 1, 0)
             for (int h = 0; h < 2; h++) {                                                                          \
                 Avx2Quad q;                                                                                        \
                 QUAD;                                                                                              \
-                avx2_quad(&q, sb * 8 + 4 * h, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, MUL);                 \
+                avx2_quad(&q, sb * 8 + 4 * h, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, MUL, 4);                 \
             }                                                                                                      \
         }                                                                                                          \
         AVX2_ROW_END                                                                                               \
