@@ -128,16 +128,16 @@ class TensorParallelExecutor:
     # ---- what the engine calls on its runner ------------------------------------------------
 
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
-        """Logits as ModelRunner.execute's; pooling requests are refused on this runner (EngineCore.add_request)."""
+        """As ModelRunner.execute: rank 0's logits and pooling summaries."""
         self.copy_blocks(batch.block_copies)
         inputs = self.local.prepare_inputs(batch)
-        return RunnerOutput(self._forward(inputs.ids, inputs.positions, inputs.metas, inputs.logit_rows), None)
+        return self._forward(inputs.ids, inputs.positions, inputs.metas, inputs.logit_rows, inputs.pool_spans)
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
         metas = self.local.prefill_metadata(block_tables, len(token_ids))
         n, device = len(token_ids), self.local.device
         rows = torch.arange(n - 1 if last_only else 0, n, device=device)
-        return self._forward(torch.tensor(token_ids, device=device), torch.arange(n, device=device), metas, rows)
+        return self._forward(torch.tensor(token_ids, device=device), torch.arange(n, device=device), metas, rows).logits
 
     @property
     def kv_cache(self) -> ShardedKVCache:
@@ -171,7 +171,7 @@ class TensorParallelExecutor:
         """Stop the workers and leave the process group (also done when the executor is collected)."""
         self._finalizer()
 
-    def _forward(self, *inputs) -> torch.Tensor:
+    def _forward(self, *inputs) -> RunnerOutput:
         with self._guard():
             self.channel.send("forward", *inputs)
             return forward(self.model, self.local.kv_cache, *inputs)

@@ -12,6 +12,7 @@ from torch import nn
 from llmpipe.config import EngineConfig
 from llmpipe.distributed.layers import parallelize
 from llmpipe.distributed.sharding import plan_shards, shard_tensor
+from llmpipe.engine.model_runner import RunnerOutput, chunk_summaries
 from llmpipe.kv_cache.paged import PagedKVCache
 from llmpipe.layers.attention import AttentionMetadata
 from llmpipe.loader import Checkpoint
@@ -36,11 +37,12 @@ def load_shard(checkpoint: Checkpoint, config: EngineConfig, rank: int, world: i
 @torch.inference_mode()
 def forward(
     model: nn.Module, kv_cache: PagedKVCache, ids: torch.Tensor, positions: torch.Tensor,
-    metas: list[AttentionMetadata], logit_rows: torch.Tensor,
-) -> torch.Tensor:
-    """ModelRunner's forward on one rank: full logits on rank 0, this rank's columns elsewhere."""
+    metas: list[AttentionMetadata], logit_rows: torch.Tensor, pool_spans: list[tuple[int, int]] = (),
+) -> RunnerOutput:
+    """ModelRunner's forward on one rank: full logits on rank 0, this rank's columns elsewhere; the pooling
+    chunks' summaries (the hidden states are whole on every rank after the all-reduce)."""
     hidden = model(ids, positions, kv_cache.layers, metas)
-    return model.compute_logits(hidden[logit_rows])
+    return RunnerOutput(model.compute_logits(hidden[logit_rows]), chunk_summaries(hidden, list(pool_spans)))
 
 
 @dataclass

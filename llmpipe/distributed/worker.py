@@ -90,8 +90,8 @@ class Worker:
         self.runner = ModelRunner(self.model, local, num_blocks, layout)
         self.num_blocks = num_blocks
 
-    def forward(self, ids, positions, metas, logit_rows) -> None:
-        forward(self.model, self.runner.kv_cache, ids, positions, metas, logit_rows)
+    def forward(self, ids, positions, metas, logit_rows, pool_spans=()) -> None:
+        forward(self.model, self.runner.kv_cache, ids, positions, metas, logit_rows, pool_spans)
 
     def copy_block(self, src: int, dst: int) -> None:
         self.runner.kv_cache.copy_block(src, dst)

@@ -46,8 +46,8 @@ class Admission:
         if task == "generate" and not self.generates:
             raise InvalidRequestError("this model does not generate text: it serves embeddings or scores", param="model")
         if task == "embed" and self.embedding_size is None:
-            raise InvalidRequestError("this server does not serve embeddings of this model (tensor parallelism, or a "
-                                      "model that only scores)", param="model")
+            raise InvalidRequestError("this model scores (query, document) pairs; it does not embed single texts",
+                                      param="model")
         if task == "score" and self.task != "score":
             raise InvalidRequestError("this model is not a reranker: scores are served by rerankers and cross-encoders "
                                       "(start a decoder reranker with --task score)", param="model")

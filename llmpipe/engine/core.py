@@ -97,9 +97,9 @@ class EngineCore:
         )
 
     @property
-    def embedding_size(self) -> int | None:
-        """The width of this model's embeddings (None: not served under tensor parallelism)."""
-        return self.executor.pooler.embedding_size if self.config.tensor_parallel_size == 1 else None
+    def embedding_size(self) -> int:
+        """The width of this model's embeddings."""
+        return self.executor.pooler.embedding_size
 
     @property
     def spec_stats(self) -> SpecDecodeStats:

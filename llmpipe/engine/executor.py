@@ -19,6 +19,7 @@ from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.engine.model_output import ModelOutput
 from llmpipe.engine.pooler import build_pooler, resolve_task
 from llmpipe.engine.token_sampler import TokenSampler
+from llmpipe.errors import UnsupportedModelError
 from llmpipe.kernels import huge_pages
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.memory_check import auto_kv_pool, available_bytes, check_fits
@@ -38,6 +39,8 @@ class Executor:
             checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config
         config.task = resolve_task(config.task, checkpoint.path.name, checkpoint.config.embedding_only)
+        if config.task == "score" and config.tensor_parallel_size > 1:  # the head's logits are a collective of every rank
+            raise UnsupportedModelError(f"{checkpoint.path.name}: a reranker's scores are not served under tensor parallelism")
         self.config, self.checkpoint = config, checkpoint
         self.eos_token_ids = set(checkpoint.config.eos_token_ids)
         if checkpoint.tokenizer is not None and checkpoint.tokenizer.eos_token_id is not None:

@@ -82,7 +82,7 @@ class ModelRunner:
         # the exact GEMM past KERNEL_MAX_BATCH rows, as engine.score).
         with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)):
             hidden = self.model(inputs.ids, inputs.positions, self.kv_cache.layers, inputs.metas)
-            pooled = _chunk_summaries(hidden, inputs.pool_spans)
+            pooled = chunk_summaries(hidden, inputs.pool_spans)
             if not len(inputs.logit_rows):  # only chunks that end no sampled prompt (a long prompt's first chunks)
                 return RunnerOutput(hidden.new_empty(0, self.config.model_config.vocab_size), pooled)
             return RunnerOutput(self.model.compute_logits(hidden[inputs.logit_rows]), pooled)
@@ -160,7 +160,7 @@ class ModelRunner:
         return self.layout.layer_metadata(groups)
 
 
-def _chunk_summaries(hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor | None:
+def chunk_summaries(hidden: torch.Tensor, spans: list[tuple[int, int]]) -> torch.Tensor | None:
     """[spans, 3, hidden]: each span's rows summed, its first row, its last row."""
     if not spans:
         return None

@@ -77,3 +77,12 @@ def test_each_rank_holds_half_the_weights_and_its_kv_heads(pair):
         assert rank.num_blocks == single.engine.core.block_manager.num_blocks
         assert rank.kv_cache_bytes == full_kv * max(1, kv_heads // 2) // kv_heads
     assert parallel.engine.core.block_bytes * kv_heads == single.engine.core.block_bytes * max(1, kv_heads // 2)
+
+
+def test_embeddings_equal_the_single_process_engines(pair):
+    """Pooling under tensor parallelism: rank 0 pools the all-reduced hidden states, as one process does."""
+    single, parallel = pair
+    expected = torch.tensor([o.outputs.embedding for o in single.embed(PROMPTS, use_tqdm=False)])
+    actual = torch.tensor([o.outputs.embedding for o in parallel.embed(PROMPTS, use_tqdm=False)])
+    assert torch.nn.functional.cosine_similarity(actual, expected).min() > 1 - 1e-5
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=0)
