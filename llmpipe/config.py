@@ -43,6 +43,9 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     # A body without its LM head (what AutoModel saves: Qwen3-Embedding, e5-mistral): it embeds, never generates.
     embedding_only: bool = False
+    # How its embeddings pool (mean, cls or lasttoken) where its file says so (a GGUF's pooling_type); None: the
+    # sentence-transformers pipeline beside it, else the last token.
+    pooling: str | None = None
     # The family's own hyperparameters, in a type of its own (DeepSeek V4: models/deepseek_v4/config.py's
     # DeepseekV4Fields); None for families that need none beyond these.
     extra: Any = None

@@ -1,8 +1,9 @@
 """Pooler: what the pooling requests' prompt chunks computed → each request's result once its prompt completes.
 
 A decoder pools its prompt's final hidden states (after the final norm) as its sentence-transformers
-pipeline says (modules.json: mean, cls or lasttoken pooling, then its Dense projections), and by the
-last token where it has none (what Qwen3-Embedding, e5-mistral and gte-Qwen2 train, and vLLM's and
+pipeline says (modules.json: mean, cls or lasttoken pooling, then its Dense projections) or its GGUF's
+pooling_type (llama.cpp's converter writes it for embedding models), and by the last token where neither
+says (what Qwen3-Embedding, e5-mistral and gte-Qwen2 train, and vLLM's and
 llama-server's default for decoders). "embed" keeps the first `dimensions` and L2-normalizes; "score"
 reads a decoder reranker's verdict on its (query, document) prompt: P("yes") against "no" at the last
 token, sigmoid(logit_yes - logit_no) (Qwen3-Reranker's scoring). Mean pooling sums the chunks as they
@@ -35,7 +36,7 @@ class Pooler:
         self.score_token_ids = score_token_ids  # (no, yes): the model reranks (task "score")
         self.method = method  # mean, cls or lasttoken
         self.dense = dense
-        self.sums: dict[Sequence, torch.Tensor] = {}  # mean pooling: the rows so far
+        self.partial: dict[Sequence, torch.Tensor] = {}  # mean: the rows summed so far; cls: the first row
 
     @property
     def reads_every_token(self) -> bool:
@@ -43,7 +44,7 @@ class Pooler:
         return self.method != "lasttoken"
 
     def release(self, seq: Sequence) -> None:
-        self.sums.pop(seq, None)
+        self.partial.pop(seq, None)
 
     def pool(self, chunks: list[ScheduledChunk], computed: torch.Tensor) -> tuple[Results, dict[Sequence, str]]:
         """({seq: its result}, {seq: why it failed}) for the pooling chunks of a step whose prompts completed;
@@ -61,19 +62,20 @@ class Pooler:
         return pooled, failed
 
     def _accumulate(self, item: ScheduledChunk, rows: torch.Tensor) -> torch.Tensor | None:
-        """The pooled vector once the prompt completes: mean sums every chunk (a chunk from position 0
-        starts afresh: a preempted sequence recomputes its prompt)."""
+        """The pooled vector once the prompt completes: mean sums every chunk, cls keeps the first one's
+        first row (a chunk from position 0 starts afresh: a preempted sequence recomputes its prompt)."""
         seq = item.seq
         if self.method == "lasttoken":
             return rows[LAST]
-        if self.method == "cls":
-            return rows[FIRST]
-        total = rows[SUM] if seq.num_computed_tokens == 0 else self.sums[seq] + rows[SUM]
+        if seq.num_computed_tokens == 0:
+            value = rows[FIRST] if self.method == "cls" else rows[SUM]
+        else:
+            value = self.partial[seq] if self.method == "cls" else self.partial[seq] + rows[SUM]
         if not item.completes_prefill:
-            self.sums[seq] = total
+            self.partial[seq] = value
             return None
-        self.sums.pop(seq, None)
-        return total / seq.num_tokens
+        self.partial.pop(seq, None)
+        return value / seq.num_tokens if self.method == "mean" else value
 
     def _embed(self, seq: Sequence, vector: torch.Tensor) -> list[float]:
         for dense in self.dense:
@@ -95,13 +97,14 @@ class Pooler:
 
 
 def build_pooler(model: nn.Module, checkpoint, task: str) -> Pooler:
-    """The checkpoint's pooling: its sentence-transformers pipeline where it has one, else the last token."""
+    """The checkpoint's pooling: its sentence-transformers pipeline where it has one, a GGUF's pooling_type,
+    else the last token."""
     score = score_tokens(checkpoint) if task == "score" else None
     path = Path(checkpoint.path)
     if path.is_dir() and read_modules(path) is not None:
         pipeline = read_pipeline(path)
         return Pooler(model, score, pipeline.pooling, pipeline.dense)
-    return Pooler(model, score)
+    return Pooler(model, score, checkpoint.config.pooling or "lasttoken")
 
 
 def score_tokens(checkpoint) -> tuple[int, int]:

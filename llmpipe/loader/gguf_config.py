@@ -48,8 +48,13 @@ def gguf_model_config(reader: GGUFReader, path: Path) -> ModelConfig:
         sliding_window=hp("attention.sliding_window", None),  # llama.cpp stores none for the Llama family
         bos_token_id=metadata(reader, path, "tokenizer.ggml.bos_token_id", None),
         eos_token_ids=_eos_token_ids(reader, path, table.end_of_turn),
+        pooling=GGUF_POOLING.get(hp("pooling_type", None)),
     )
     return ModelConfig(**(common | registry.family_of(arch).gguf_fields(hp)))
+
+
+# llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last (4, rank: a cls.output head, not read).
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "lasttoken"}
 
 
 def _vocab_size(reader: GGUFReader, path: Path, arch: str) -> int:
