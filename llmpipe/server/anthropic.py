@@ -64,7 +64,7 @@ def count_tokens(inputs: InputProcessor, raw: bytes) -> JSONResponse:
     try:
         chat = validate_body(ChatCompletionRequest, prompt_body(body))
         inputs.check_model(chat.model)
-        prompt = inputs.chat_prompt(chat, chat.add_special_tokens)
+        prompt = inputs.chat_prompt(chat, chat.add_special_tokens, counted=True)
     except InvalidRequestError as err:
         raise chat_error(err, CHAT_PARAMS) from None
     return JSONResponse({"input_tokens": len(prompt["prompt_token_ids"])})

@@ -103,7 +103,8 @@ class InputProcessor:
         keep = self.max_model_len - 1 if keep == -1 else keep
         return token_ids[-keep:]
 
-    def chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool) -> dict:
+    def chat_prompt(self, body: ChatCompletionRequest | TokenizeRequest, add_special_tokens: bool,
+                    counted: bool = False) -> dict:
         """The conversation as a prompt (as LLM.chat_prompt, but refusing one far over the context
         before tokenizing it, unless it will be truncated or only counted)."""
         kwargs = body.chat_template_kwargs or {}
@@ -115,7 +116,7 @@ class InputProcessor:
         tokenizer = self.tokenizer()
         messages, tools = template_input(body, self.tool_call_parser, tokenizer.chat_template)
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt, tools=tools, **kwargs)
-        unbounded = isinstance(body, TokenizeRequest) or body.truncate_prompt_tokens is not None
+        unbounded = counted or isinstance(body, TokenizeRequest) or body.truncate_prompt_tokens is not None
         return {"prompt": text, "prompt_token_ids": self.encode(text, add_special_tokens, "messages", unbounded)}
 
     def completion(self, raw: bytes) -> tuple:

@@ -123,11 +123,13 @@ def test_each_event_is_an_event_line_and_a_data_line_of_its_type(smol):
 
 
 @real_model
-def test_count_tokens_is_the_input_tokens_of_the_same_request(client):
+def test_count_tokens_is_the_input_tokens_of_the_same_request(client, smol):
     messages = [*ASK, {"role": "assistant", "content": [{"type": "text", "text": "Hello!"}]},
                 {"role": "user", "content": [{"type": "text", "text": "Again, "}, {"type": "text", "text": "louder."}]}]
     counted = client.messages.count_tokens(model=SMOLLM2, system=SYSTEM, messages=messages)
     assert counted.input_tokens == create(client, messages=messages, max_tokens=1).usage.input_tokens
+    long = [{"role": "user", "content": "word " * 40_000}]  # far over the context: counted, not refused
+    assert client.messages.count_tokens(model=SMOLLM2, messages=long).input_tokens > smol[0].engine.config.max_model_len
 
 
 @real_model
