@@ -135,18 +135,25 @@ class AsyncEngine:
             return [({}, self.stats)]
         return [({"replica": str(i)}, s) for i, s in enumerate(replicas) if s is not None]
 
-    @property
-    def num_waiting(self) -> int:
-        return len(self._unseen)
-
-    async def add(self, prompt: PromptInput, params: SamplingParams | PoolingParams) -> RequestStream:
-        """Queue a generation or pooling request; raises InvalidRequestError (admission) or UnavailableError."""
+    def check_capacity(self) -> None:
+        """UnavailableError unless a new request may queue: the server is up and the waiting queue not full."""
         if self._closing:
             raise UnavailableError("the server is shutting down")
         if self._dead is not None:
             raise UnavailableError(self._dead)
         if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
             raise UnavailableError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._unseen)
+
+    async def add(self, prompt: PromptInput, params: SamplingParams | PoolingParams, *,
+                  admitted: bool = False) -> RequestStream:
+        """Queue a generation or pooling request; raises InvalidRequestError (admission) or UnavailableError.
+        `admitted`: its body already passed `check_capacity` (the queue cap counts bodies, not their prompts)."""
+        if not admitted:
+            self.check_capacity()
         request_id = f"req-{next(self._ids)}"
         text, request = self.admission.request(request_id, prompt, params)
         stream = RequestStream(request_id, self)

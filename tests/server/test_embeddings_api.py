@@ -126,3 +126,12 @@ def test_embeddings_beside_a_stream_leave_its_tokens_unchanged(llm, url):
     assert streamed == alone
     assert [r.status_code for r in replies] == [200] * 16
     assert_same(replies[0].json()["data"][0]["embedding"], expected(llm, TEXTS[:1])[0])
+
+
+def test_a_thousand_inputs_are_one_request_to_the_waiting_queue(llm, url):
+    """LangChain sends 1,000 texts a request by default: the queue's cap (512) counts the body, not its inputs."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x")
+    texts = [f"{TEXTS[i % 3]} {i}" for i in range(1000)]
+    reply = client.embeddings.create(model=TINY_MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in reply.data] == list(range(1000))
+    assert_same([reply.data[i].embedding for i in (0, 999)], expected(llm, [texts[0], texts[999]]))
