@@ -96,12 +96,15 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
         self.release_hooks: list[Callable[[Sequence], None]] = []  # what else a finished sequence frees
+        self.pooling: set[Sequence] = set()  # pooling requests in flight: a step looks for them only when some are
         self.num_preemptions = 0
         self.num_prefill_tokens = 0  # prompt tokens computed (prefix-cache hits excluded)
         self.num_generation_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        if seq.pooling is not None:
+            self.pooling.add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -124,10 +127,11 @@ class Scheduler:
         budget = self._prefill(out, budget, pooling=False)  # then generation prompts: admitted, then waiting
         # Pooling requests last: they add a bounded share to the generation work (all of what is left when
         # there is none), as decode rows beside decodes alone where the model allows.
-        generation = out.num_rows
-        cap = pooling_budget(generation, not out.prefills) if generation and pooling_budget is not None else None
-        as_rows = cap is not None and not out.prefills and self.pool_as_rows
-        self._prefill(out, budget if cap is None else min(budget, cap), pooling=True, as_rows=as_rows)
+        if self.pooling:
+            generation = out.num_rows
+            cap = pooling_budget(generation, not out.prefills) if generation and pooling_budget is not None else None
+            as_rows = cap is not None and not out.prefills and self.pool_as_rows
+            self._prefill(out, budget if cap is None else min(budget, cap), pooling=True, as_rows=as_rows)
         out.block_copies = self.blocks.take_block_copies()
         out.forks = {item.seq: item.seq.siblings for item in out.prefills if item.completes_prefill and item.seq.siblings}
         return out
@@ -301,5 +305,6 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.blocks.free_sequence(seq)
+        self.pooling.discard(seq)
         for hook in self.release_hooks:
             hook(seq)

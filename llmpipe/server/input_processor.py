@@ -127,8 +127,8 @@ class InputProcessor:
         if prompt_logprobs is None and body.echo:  # vLLM: echo's logprobs cover the prompt too
             prompt_logprobs = body.logprobs
         requests = []
-        for prompt in _prompt_list(body.prompt):
-            prompt = self._completion_prompt(prompt, body)
+        for prompt in prompt_list(body.prompt):
+            prompt = self.text_prompt(prompt, body.add_special_tokens, body.truncate_prompt_tokens)
             params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
             requests.append((prompt, replace(params, prompt_logprobs=prompt_logprobs)))
         tokenizer = self._tokenizer
@@ -138,13 +138,16 @@ class InputProcessor:
         )
         return body, requests, fmt
 
-    def _completion_prompt(self, prompt: str | list[int], body: CompletionRequest) -> dict:
+    def text_prompt(self, prompt: str | list[int], add_special_tokens: bool, keep: int | None,
+                    param: str = "prompt") -> dict:
+        """A completions prompt or an embeddings input (text or token ids) as the engine's prompt, its last
+        `keep` tokens kept (truncate_prompt_tokens)."""
         if isinstance(prompt, str):
-            ids = self.encode(prompt, body.add_special_tokens, "prompt", body.truncate_prompt_tokens is not None)
-            kept = self.truncate(ids, body.truncate_prompt_tokens)
+            ids = self.encode(prompt, add_special_tokens, param, keep is not None)
+            kept = self.truncate(ids, keep)
             # A cut prompt's text is no longer the text of its tokens: echo decodes the tokens kept.
             return {"prompt": prompt, "prompt_token_ids": kept} if len(kept) == len(ids) else {"prompt_token_ids": kept}
-        return {"prompt_token_ids": self.truncate(prompt, body.truncate_prompt_tokens)}
+        return {"prompt_token_ids": self.truncate(prompt, keep)}
 
     def chat_completion(self, raw: bytes) -> tuple:
         return self.chat(parse_body(ChatCompletionRequest, raw))
@@ -294,10 +297,10 @@ def json_response(reply: dict) -> Response:
     return StreamingResponse(render(), media_type="application/json")
 
 
-def _prompt_list(prompt: str | list) -> list[str | list[int]]:
-    """The body's prompts: a string or a list of token ids is one; a list of either is a batch."""
+def prompt_list(prompt: str | list, cap: int = MAX_PROMPTS, param: str = "prompt") -> list[str | list[int]]:
+    """The body's prompts: a string or a list of token ids is one; a list of either is a batch (of `cap` at most)."""
     if not (isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list))):
         return [prompt]
-    if len(prompt) > MAX_PROMPTS:
-        raise InvalidRequestError(f"prompt: at most {MAX_PROMPTS} prompts per request, got {len(prompt)}", param="prompt")
+    if len(prompt) > cap:
+        raise InvalidRequestError(f"{param}: at most {cap} prompts per request, got {len(prompt)}", param=param)
     return prompt

@@ -21,8 +21,8 @@ from llmpipe.outputs import RequestOutput
 from llmpipe.pooling.prompts import SentencePrompts
 from llmpipe.pooling.rerank_prompt import ScorePrompts
 from llmpipe.pooling_params import PoolingParams
-from llmpipe.server.input_processor import InputProcessor, parse_body
-from llmpipe.server.pooling_protocol import EmbeddingRequest, RerankRequest, ScoreRequest
+from llmpipe.server.input_processor import InputProcessor, parse_body, prompt_list
+from llmpipe.server.pooling_protocol import MAX_INPUTS, EmbeddingRequest, RerankRequest, ScoreRequest
 
 Prompts = list[dict]
 
@@ -31,17 +31,9 @@ def embedding_inputs(inputs: InputProcessor, prompts: SentencePrompts,
                      raw: bytes) -> tuple[EmbeddingRequest, Prompts, PoolingParams]:
     body = parse_body(EmbeddingRequest, raw)
     inputs.check_model(body.model)
-    texts = body.input if isinstance(body.input, list) and body.input and isinstance(body.input[0], (str, list)) else [body.input]
-    if not texts:
-        raise InvalidRequestError("input must not be empty", param="input")
-    requests = []
-    for text in texts:
-        if isinstance(text, str):
-            text = prompts.apply(text, body.prompt_name)
-            ids = inputs.encode(text, body.add_special_tokens, "input", body.truncate_prompt_tokens is not None)
-            requests.append({"prompt": text, "prompt_token_ids": inputs.truncate(ids, body.truncate_prompt_tokens)})
-        else:
-            requests.append({"prompt_token_ids": inputs.truncate(text, body.truncate_prompt_tokens)})
+    texts = prompt_list(body.input, MAX_INPUTS, "input")
+    requests = [inputs.text_prompt(prompts.apply(text, body.prompt_name) if isinstance(text, str) else text,
+                                   body.add_special_tokens, body.truncate_prompt_tokens, "input") for text in texts]
     return body, requests, PoolingParams("embed", body.dimensions, body.normalize)
 
 
