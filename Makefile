@@ -17,7 +17,7 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 SERVE_PORT ?= 8765
 PROMPT  ?= How does inference work?
 
-.PHONY: demo test bench bench-peers bench-throughput bench-serve bench-serve-peers bench-robustness bench-embeddings bench-spec bench-compressed bench-realsize install clean
+.PHONY: demo test bench bench-peers bench-lora bench-offload bench-throughput bench-serve bench-serve-peers bench-robustness bench-embeddings bench-spec bench-compressed bench-realsize install clean
 
 $(RUNTIME): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -79,6 +79,15 @@ bench-spec: $(TESTENV)
 # same size, one sequence at 4K, 16K and 32K context: KV bytes per sequence and decode ITL (transformers builds them).
 bench-compressed: $(TESTENV)
 	$(VENV)/bin/llmpipe bench compressed --contexts 4096 16384 32768
+
+# A decode step of 16 requests spread over 4 random rank-16 LoRA adapters vs 16 base requests (goal: <= 1.3x).
+bench-lora: $(TESTENV)
+	$(VENV)/bin/llmpipe bench lora --model smollm2-135m-instruct --batch 16 --adapters 4 --rank 16 --rounds 3
+
+# A 4,000-token prompt evicted from the KV pool: TTFT restored from host memory and from disk after a restart vs
+# computing it (goal: >= 5x).
+bench-offload: $(TESTENV)
+	$(VENV)/bin/llmpipe bench offload --model smollm2-135m-instruct --prompt-tokens 4000 --rounds 3
 
 bench-throughput: $(TESTENV)
 	$(VENV)/bin/llmpipe bench throughput --model smollm2-135m-instruct --num-prompts 64 --input-len 128 --output-len 128 --prefix-len 1024

@@ -17,6 +17,7 @@ _HOMES = {
     "ModelLoadError": "llmpipe.errors",
     "UnsupportedModelError": "llmpipe.errors",
     "InvalidRequestError": "llmpipe.errors",
+    "LoRARequest": "llmpipe.lora.request",
 }
 __all__ = list(_HOMES)
 

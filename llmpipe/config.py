@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,6 +109,37 @@ def option(default: Any, help: str, choices: tuple | None = None, cli: bool = Tr
     return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
 
 
+def lora_modules(items: Any) -> list[str] | None:
+    """--lora-modules as "name=path" items: from such items, vLLM's JSON ({"name": ..., "path": ...}) or
+    dicts of that shape, or one dict of name → path; a name given twice is an error."""
+    if not items:
+        return None
+    if isinstance(items, dict):
+        items = [f"{name}={path}" for name, path in items.items()]
+    if isinstance(items, str):
+        items = [items]
+    out: dict[str, str] = {}
+    for item in items:
+        if isinstance(item, str) and item.lstrip().startswith("{"):
+            try:
+                item = json.loads(item)
+            except json.JSONDecodeError as err:
+                raise InvalidRequestError(f"lora_modules: {item!r} is not valid JSON ({err.msg})") from None
+        if isinstance(item, dict):
+            name, path = item.get("name"), item.get("path")
+        elif isinstance(item, str) and "=" in item:
+            name, _, path = item.partition("=")
+        else:
+            name = path = None
+        if not isinstance(name, str) or not isinstance(path, str) or not name.strip() or not path.strip():
+            raise InvalidRequestError(f"lora_modules: each item is name=path or {{\"name\": ..., \"path\": ...}}, "
+                                      f"got {item!r}")
+        if name.strip() in out:
+            raise InvalidRequestError(f"lora_modules: the name {name.strip()!r} is given twice")
+        out[name.strip()] = path.strip()
+    return [f"{name}={path}" for name, path in out.items()]
+
+
 @dataclass
 class EngineConfig:
     """Every engine option, named like its CLI flag in snake_case (the flags are generated from these
@@ -132,6 +164,14 @@ class EngineConfig:
         "of the running and waiting sequences (measured as it runs: engine/step_costs.py), so new prompts do not "
         "stall the streams; none: prefill takes the whole token budget (`serve` default 2.5)")
     enable_prefix_caching: bool = option(True, "reuse the KV blocks of prompt prefixes computed before")
+    kv_offload_memory: int | float | str = option(
+        0, "a prefix-cache tier in host memory below the KV pool: every cached block is saved there once, and one "
+        "the pool evicted comes back from it instead of being recomputed (kv_cache/offload_tier.py); bytes or a "
+        "size like 4GiB; 0: none")
+    kv_offload_dir: str | None = option(
+        None, "a disk tier below that (or alone): one checksummed file per block, in a folder per model and cache "
+        "layout, that outlives restarts; a torn or corrupt file is recomputed, never served")
+    kv_offload_disk: int | float | str = option("16GiB", "most bytes the disk tier keeps (least recently used go first)")
     disable_sliding_window: bool = option(
         False, "full attention in every layer, ignoring the model's sliding windows (to measure what they save; "
         "outputs differ once a sequence is longer than a window)")
@@ -169,6 +209,14 @@ class EngineConfig:
     num_speculative_tokens: int = option(4, "k: tokens proposed per step")
     prompt_lookup_min: int = option(2, "shortest n-gram the ngram method matches")
     prompt_lookup_max: int = option(4, "longest n-gram the ngram method matches (tried first)")
+    enable_lora: bool = option(
+        False, "serve LoRA adapters over the base model (docs/features/lora.md): a request names one as its model; "
+        "adapters load at start (--lora-modules) or at run time (POST /v1/load_lora_adapter)")
+    max_loras: int = option(4, "LoRA adapters loaded at once at most (one step may mix them all)")
+    max_lora_rank: int = option(16, "the highest LoRA rank an adapter may have")
+    lora_modules: list[str] | None = option(
+        None, "LoRA adapters to load at start: name=path items (a PEFT directory or a GGUF LoRA file), or vLLM's "
+        "JSON {\"name\": ..., \"path\": ...}; implies --enable-lora")
     # Filled from the checkpoint at load time.
     model_config: ModelConfig | None = field(default=None, repr=False, metadata={"cli": False})
 
@@ -187,12 +235,22 @@ class EngineConfig:
             raise InvalidRequestError(f"distributed_timeout_s must be a positive number, got {self.distributed_timeout_s!r}")
         if self.kv_cache_memory != "auto":
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        if self.kv_offload_memory not in (0, "0", None):
+            self.kv_offload_memory = parse_bytes(self.kv_offload_memory, "kv_offload_memory")
+        parse_bytes(self.kv_offload_disk, "kv_offload_disk")  # checked now, kept as given (the flag's default)
+        if self.kv_offload and not self.enable_prefix_caching:
+            raise InvalidRequestError("kv_offload_memory / kv_offload_dir keep prefix-cache blocks: they need "
+                                      "enable_prefix_caching")
+        if self.kv_offload and self.tensor_parallel_size > 1:
+            raise InvalidRequestError("the KV offload tier runs with tensor_parallel_size 1 only (each rank would "
+                                      "need a tier of its own)")
         _check_choice("quantization", self.quantization, QUANTIZATION_CHOICES)
         _check_choice("group_size", self.group_size, INT4_GROUP_SIZES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _check_choice("activation_quantization", self.activation_quantization, ACTIVATION_QUANTIZATIONS)
         _check_choice("task", self.task, TASKS)
         self._check_speculation()
+        self._check_lora()
 
     def _check_speculation(self) -> None:
         if self.speculative_model is not None and self.speculative_method is None:
@@ -211,6 +269,32 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed prompt_lookup_max ({self.prompt_lookup_max})"
             )
+
+    def _check_lora(self) -> None:
+        self.lora_modules = lora_modules(self.lora_modules)
+        if self.lora_modules:
+            self.enable_lora = True
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
+        if len(self.lora_modules or ()) > self.max_loras:
+            raise InvalidRequestError(f"lora_modules names {len(self.lora_modules)} adapters, more than max_loras "
+                                      f"({self.max_loras})")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise InvalidRequestError("LoRA adapters run with tensor_parallel_size 1 only")
+        if self.enable_lora and self.speculative_method is not None:
+            raise InvalidRequestError("LoRA adapters do not run with speculative decoding (the draft has no adapter)")
+
+    @property
+    def lora_paths(self) -> dict[str, str]:
+        """The adapters to load at start: name → path."""
+        return dict(item.partition("=")[::2] for item in self.lora_modules or ())
+
+    @property
+    def kv_offload(self) -> bool:
+        """Whether the prefix cache has a tier below the KV pool."""
+        return self.kv_offload_memory not in (0, "0", None) or self.kv_offload_dir is not None
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -47,6 +47,8 @@ def argparse_options(f: dataclasses.Field) -> dict[str, Any]:
     options: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
     if kind is bool:
         return options | {"action": argparse.BooleanOptionalAction if f.default else "store_true"}
+    if typing.get_origin(kind) is list:  # --lora-modules a=x b=y: one flag, several items
+        return options | {"nargs": "+", "type": typing.get_args(kind)[0], "metavar": "ITEM"}
     options["type"] = _parser(kind, optional)
     if f.metadata.get("choices") is not None:
         options["choices"] = list(f.metadata["choices"])

@@ -11,6 +11,7 @@ from tqdm import tqdm
 from llmpipe.config import EngineConfig
 from llmpipe.engine.engine import LLMEngine, PromptInput
 from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.lora.request import LoRARequest
 from llmpipe.outputs import EmbeddingOutput, PoolingRequestOutput, RequestOutput, ScoringOutput
 from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
@@ -43,10 +44,13 @@ class LLM:
         prompts: PromptInput | Sequence[PromptInput],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion, all batched together; outputs come back in input order.
         `sampling_params`: one for every prompt, or a list with one per prompt (as vLLM's). A progress
-        bar counts finished requests when there are several."""
+        bar counts finished requests when there are several. `lora_request` (with enable_lora): the LoRA
+        adapter every prompt runs under, or a list with one per prompt (None: the base model); each is
+        loaded the first time it is named."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -54,7 +58,10 @@ class LLM:
             params = [params] * len(prompts)
         elif len(params) != len(prompts):
             raise InvalidRequestError(f"{len(params)} sampling_params for {len(prompts)} prompts: give one, or one per prompt")
-        return self._run([self._add(prompt, p) for prompt, p in zip(prompts, params)], use_tqdm)
+        loras = _per_prompt(lora_request, len(prompts))
+        for lora in dict.fromkeys(lora for lora in loras if lora is not None):  # all loaded before any request is added
+            self.engine.add_lora(lora)
+        return self._run([self._add(prompt, p, lora) for prompt, p, lora in zip(prompts, params, loras)], use_tqdm)
 
     def embed(self, prompts: PromptInput | Sequence[PromptInput], pooling_params: PoolingParams | None = None,
               use_tqdm: bool = True, *, prompt_name: str | None = None) -> list[PoolingRequestOutput]:
@@ -110,12 +117,14 @@ class LLM:
         add_generation_prompt: bool = True,
         *,
         tools: list[dict] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Apply the model's chat template to each conversation and generate the assistant's reply.
-        `tools`: OpenAI's function tools ({"type": "function", "function": {...}}) for the template."""
+        `tools`: OpenAI's function tools ({"type": "function", "function": {...}}) for the template;
+        `lora_request`: as generate's."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.chat_prompt(c, add_generation_prompt, tools=tools) for c in conversations]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, lora_request=lora_request)
 
     def chat_prompt(
         self,
@@ -155,12 +164,34 @@ class LLM:
         finally:
             self.engine.abort_request(request_id)
 
-    def _add(self, prompt: PromptInput, params: SamplingParams | PoolingParams) -> str:
+    def _add(self, prompt: PromptInput, params: SamplingParams | PoolingParams, lora_request: LoRARequest | None = None) -> str:
         request_id = str(next(self._ids))
-        self.engine.add_request(request_id, prompt, params)
+        self.engine.add_request(request_id, prompt, params, lora_request)
         return request_id
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter now (generate loads one on first use); True if it was not loaded yet."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora: str | LoRARequest) -> bool:
+        """Unload an adapter, freeing its slot (refused while requests in flight use it)."""
+        return self.engine.remove_lora(lora)
+
+    def list_loras(self) -> dict[str, str]:
+        """The adapters loaded: name → path."""
+        return self.engine.list_loras()
 
     def _require_tokenizer(self) -> Tokenizer:
         if self.engine.tokenizer is None:
             raise InvalidRequestError("this model has no tokenizer")
         return self.engine.tokenizer
+
+
+def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None, n: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise InvalidRequestError(f"{len(loras)} lora_requests for {n} prompts: give one, or one per prompt",
+                                  param="lora_request")
+    return loras

@@ -37,6 +37,8 @@ ELSEWHERE = {
     "llmpipe serve --data-parallel-size": "Ray replicas: tests/deploy/test_data_parallel.py serves them",
     "llmpipe bench multiturn": "a benchmark of the two servers above: tests/bench/test_multiturn.py runs it on a tiny model",
     "llmpipe bench latency": "a benchmark of minutes: tests/bench/test_plots.py runs it on a tiny model",
+    "llmpipe bench lora": "a benchmark of minutes: tests/bench/test_lora_bench.py runs it on a tiny model",
+    "llmpipe serve --enable-lora": "the user's adapter files: tests/server/test_lora_api.py serves adapters it writes",
     "llmpipe quantize": "the user's FILE and DIR: tests/quant/test_quantize_checkpoint.py quantizes and exports",
     "llmpipe eval perplexity": "the user's FILE and DIR: tests/eval/test_perplexity.py against transformers",
 }

@@ -189,6 +189,32 @@ def add_bench_parser(sub) -> None:
     embed.add_argument("--output", default="bench_results/embeddings.json")
     embed.set_defaults(func=_run_embed_stall)
 
+    lora = kinds.add_parser("lora", help="a decode step mixing several LoRA adapters against a base-only one, at one batch")
+    lora.add_argument("--model", default="smollm2-135m-instruct")
+    lora.add_argument("--batch", type=int, default=16, help="requests decoding together")
+    lora.add_argument("--adapters", type=int, default=4, help="random adapters the mixed batch spreads over")
+    lora.add_argument("--rank", type=int, default=16, help="their rank (all seven linear projections)")
+    lora.add_argument("--base-rows", type=int, default=0, help="requests of the mixed batch left on the base model")
+    lora.add_argument("--prompt-len", type=int, default=64)
+    lora.add_argument("--output-len", type=int, default=64, help="tokens each request decodes (ignore_eos)")
+    lora.add_argument("--rounds", type=int, default=3, help="base / mixed pairs, alternated")
+    add_engine_arg(lora, "dtype")
+    add_engine_arg(lora, "quantization")
+    add_engine_arg(lora, "num_threads")
+    lora.add_argument("--output", default="bench_results/lora.json")
+    lora.set_defaults(func=_run_lora)
+
+    offload = kinds.add_parser(
+        "offload", help="TTFT of a long prompt the KV pool evicted: restored from the host-memory and disk tiers "
+                        "(after a restart) against computing it")
+    offload.add_argument("--model", default="smollm2-135m-instruct")
+    offload.add_argument("--prompt-tokens", type=int, default=4000)
+    offload.add_argument("--rounds", type=int, default=3, help="prompts, each computed, evicted and restored")
+    offload.add_argument("--kv-offload-memory", default="4GiB")
+    offload.add_argument("--kv-offload-dir", default=None, help="the disk tier's folder (default: a temporary one)")
+    offload.add_argument("--output", default="bench_results/kv_offload.json")
+    offload.set_defaults(func=_run_offload)
+
     peers = kinds.add_parser("peers", help="build llama.cpp's llama-bench / llama-batched-bench / llama-server once")
     peers.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
     peers.set_defaults(func=_run_peers)
@@ -249,11 +275,26 @@ def _run_multiturn(args) -> None:
     multiturn.main(args)
 
 
+def _run_lora(args) -> None:
+    from llmpipe.bench.lora import run_lora_bench
+
+    run_lora_bench(args.model, args.batch, args.adapters, args.rank, args.base_rows, args.prompt_len, args.output_len,
+                   args.rounds, args.output, {"dtype": args.dtype, "quantization": args.quantization,
+                                               "num_threads": args.num_threads})
+
+
 def _run_embed_stall(args) -> None:
     from llmpipe.bench.embed_stall import run_embed_stall
 
     run_embed_stall(args.base_url, args.model, args.clients, args.words, args.max_tokens, args.rounds, args.output,
                     args.alone_seconds)
+
+
+def _run_offload(args) -> None:
+    from llmpipe.bench.kv_offload import run_offload_bench
+
+    run_offload_bench(args.model, args.prompt_tokens, args.rounds, args.output, args.kv_offload_memory,
+                      args.kv_offload_dir)
 
 
 def _run_robustness(args) -> None:

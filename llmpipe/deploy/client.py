@@ -191,15 +191,15 @@ def merge_stats(stats: list[EngineStats]) -> EngineStats | None:
             summed[f.name] = values[0]
         elif f.name == "kv_bytes_per_seq":
             summed[f.name] = {k: v for d in values for k, v in d.items()}
-        elif f.name == "spec_decode":
-            summed[f.name] = _merge_spec(values)
+        elif f.name in ("spec_decode", "kv_offload"):  # counters of their own, where the replicas keep them
+            summed[f.name] = _merge_counts(values)
         elif f.name != "kv_cache_usage":
             summed[f.name] = sum(values)
     summed["kv_cache_usage"] = 1.0 - summed["num_free_blocks"] / max(1, summed["num_blocks"])
     return EngineStats(**summed)
 
 
-def _merge_spec(values: list) -> Any:
+def _merge_counts(values: list) -> Any:
     present = [v for v in values if v is not None]
     if not present:
         return None

@@ -41,11 +41,12 @@ def _up(loads: Loads) -> list[int]:
     return up
 
 
-def prefix_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
-    """The hashes of the prompt's full blocks, chained as the engine's prefix cache chains them."""
+def prefix_hashes(token_ids: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
+    """The hashes of the prompt's full blocks, chained as the engine's prefix cache chains them (from the
+    request's cache salt)."""
     hashes: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        hashes.append(block_hash(hashes[-1] if hashes else None, token_ids[start : start + block_size]))
+        hashes.append(block_hash(hashes[-1] if hashes else None, token_ids[start : start + block_size], salt))
     return hashes
 
 

@@ -30,15 +30,22 @@ class Admission:
         """The front end's admission for the engine core `info` describes."""
         return cls(tokenizer, info.max_model_len, info.vocab_size, info.task, info.embedding_size, info.generates)
 
-    def request(self, request_id: str, prompt: PromptInput,
-                params: SamplingParams | PoolingParams) -> tuple[str | None, EngineCoreRequest]:
+    def request(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams,
+                lora_name: str | None = None) -> tuple[str | None, EngineCoreRequest]:
         """(text, the core's request) of an admissible generation (SamplingParams) or pooling request
-        (PoolingParams: it ends with its prompt, which may then fill the whole context)."""
+        (PoolingParams: it ends with its prompt, which may then fill the whole context), under LoRA adapter
+        `lora_name` (None: the base model). A prompt dict's "cache_salt" (vLLM's) keeps its prefix-cache
+        blocks apart from other salts'."""
         pooling = params if isinstance(params, PoolingParams) else None
         sampling = SamplingParams() if pooling is not None else params
         self.check_task(pooling)
+        if pooling is not None and lora_name is not None:
+            raise InvalidRequestError("LoRA adapters serve generation only, not embeddings or scores", param="model")
+        cache_salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt or "\x00" in cache_salt):
+            raise InvalidRequestError("cache_salt must be a non-empty string without NUL characters", param="cache_salt")
         text, token_ids = self.prompt(prompt, sampling, generates=pooling is None)
-        return text, EngineCoreRequest(request_id, token_ids, sampling, pooling)
+        return text, EngineCoreRequest(request_id, token_ids, sampling, pooling, cache_salt, lora_name)
 
     def check_task(self, pooling: PoolingParams | None) -> None:
         """What the model serves: generation, embeddings of its width, scores where it reranks."""

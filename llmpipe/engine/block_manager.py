@@ -5,7 +5,9 @@ sliding-window and compressed groups lives in their specs and managers.
 Blocks are given out per step, for the tokens scheduled. A prefix is reusable only as far as every
 group still has the blocks its next query reads. Block copies (a prefix hit ending inside a block
 of a group that spans several token blocks, a forked sample's partial last block) are queued and
-handed to the runner with the next step's batch (`take_block_copies`).
+handed to the runner with the next step's batch (`take_block_copies`), in one ordered queue with the offload
+tier's saves and loads (kv_cache/offload_tier.py): a prefix the pool evicted but the tier keeps is a hit too,
+its blocks taken fresh and loaded from the tier before the step's forward.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from typing import Callable, Iterator, Protocol, Sequence
 from llmpipe.errors import InvalidRequestError
 from llmpipe.kv_cache.block_pool import BlockPool, NoFreeBlocksError, block_hash
 from llmpipe.kv_cache.kinds import BlockTable, KVCacheSpec
+from llmpipe.kv_cache.offload_tier import LoadBlock, OffloadTier, SaveBlock
+
+BlockTransfer = tuple[int, int] | SaveBlock | LoadBlock  # a copy (source, destination), or to / from the tier
 
 __all__ = ["BlockManager", "BlockTable", "NoFreeBlocksError", "PagedSequence", "PrefixHit"]
 
@@ -31,6 +36,7 @@ class PagedSequence(Protocol):
     num_computed_tokens: int
     num_cached_tokens: int
     num_hashed_blocks: int
+    cache_salt: str | None  # seeds its blocks' hashes: prefixes under different salts never share blocks
 
 
 @dataclass
@@ -45,7 +51,7 @@ class PrefixHit:
 class BlockManager:
     def __init__(
         self, num_blocks: int, block_size: int, specs: Sequence[KVCacheSpec], enable_prefix_caching: bool = True,
-        copy_partial_blocks: bool = False,
+        copy_partial_blocks: bool = False, tier: OffloadTier | None = None,
     ):
         """specs: one per KV cache group.
         copy_partial_blocks: a prefix hit may end inside a block spanning several token blocks, whose
@@ -53,12 +59,13 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.copy_partial_blocks = copy_partial_blocks
-        self.pool = BlockPool(num_blocks)  # the token blocks; a recurrent group's manager has a state pool of its own
+        self.block_copies: list[BlockTransfer] = []  # for the next step, in order
+        # the token blocks; a recurrent group's manager has a state pool of its own
+        self.pool = BlockPool(num_blocks, tier=tier, transfers=self.block_copies)
         self.specs = list(specs)
         self.groups = [spec.manager(self.pool, group, block_size) for group, spec in enumerate(self.specs)]
         for group in self.groups:
             group.prefix_caching = enable_prefix_caching
-        self.block_copies: list[tuple[int, int]] = []  # (source, destination), for the next step
         self.prefix_queries = 0  # prompt blocks looked up
         self.prefix_hits = 0  # prompt blocks served from the cache
 
@@ -80,10 +87,11 @@ class BlockManager:
     def peak_blocks_in_use(self) -> int:
         return self.pool.peak_blocks_in_use
 
-    def take_block_copies(self) -> list[tuple[int, int]]:
-        """The block copies queued since the last call; the runner makes them before the step's forward
-        (a source stays untouched until then: only a forward writes blocks)."""
-        copies, self.block_copies = self.block_copies, []
+    def take_block_copies(self) -> list[BlockTransfer]:
+        """The block copies and tier transfers queued since the last call; the runner makes them in order before
+        the step's forward (a source stays untouched until then: only a forward writes blocks)."""
+        copies = list(self.block_copies)
+        self.block_copies.clear()  # the same list: the pool queues into it
         return copies
 
     # ---- admission: prefix-cache lookup, then blocks for the first chunk ----------------------
@@ -93,6 +101,7 @@ class BlockManager:
         always computed: its logits are needed). Only looks; allocate() takes the blocks."""
         if not self.enable_prefix_caching:
             return self.no_hit()
+        self.pool.forget_pending()
         tokens = seq.all_token_ids
         hashes = self._hashes(seq, (len(tokens) - 1) // self.block_size)
         k = self._round_hit(len(hashes))
@@ -114,9 +123,11 @@ class BlockManager:
 
     def can_allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> bool:
         """Room for the hit's blocks (those sitting in the free list leave it) and the first chunk."""
-        start = hit.num_tokens
-        needs = [(g.pool, sum(g.pool.blocks[b - g.pool.first_id].ref_count == 0 for b in t.ids)
-                  + g.missing(t, start, start + num_new_tokens)) for g, t in zip(self.groups, hit.tables)]
+        start, held = hit.num_tokens, self.pool.tier is not None  # (sources held through allocate: see there)
+        needs = [(g.pool, sum(b < 0 or g.pool.blocks[b - g.pool.first_id].ref_count == 0 for b in t.ids)
+                  + g.missing(t, start, start + num_new_tokens)
+                  + (held and s is not None and (s < 0 or g.pool.blocks[s - g.pool.first_id].ref_count == 0)))
+                 for g, t, s in zip(self.groups, hit.tables, self._sources(hit))]
         return self._fits(needs)
 
     def _fits(self, needs: list[tuple[BlockPool, int]]) -> bool:
@@ -129,9 +140,17 @@ class BlockManager:
     def allocate(self, seq: PagedSequence, hit: PrefixHit, num_new_tokens: int) -> None:
         """Take the hit's blocks and fresh ones for the next num_new_tokens tokens."""
         assert not seq.block_tables, "sequence already has blocks"
-        for group, table in zip(self.groups, hit.tables):
+        sources = self._sources(hit)
+        for group, table, source in zip(self.groups, hit.tables, sources):
             for block_id in table.ids:
-                group.pool.ref(block_id)
+                if block_id >= 0:
+                    group.pool.ref(block_id)
+            if source is not None and source >= 0 and self.pool.tier is not None:
+                group.pool.ref(source)  # a tier's load into it, before the copy, would overwrite it: held until queued
+        # Then the tier's blocks (negative handles): taking them can no longer evict a block of the hit.
+        for group, table in zip(self.groups, hit.tables):
+            table.ids = [group.pool.restore(b) if b < 0 else b for b in table.ids]
+        sources = [group.pool.restore(s) if s is not None and s < 0 else s for group, s in zip(self.groups, sources)]
         seq.block_tables = hit.tables
         seq.num_cached_tokens = hit.num_tokens  # computed too: the scheduler counts them
         seq.num_hashed_blocks = hit.num_tokens // self.block_size
@@ -139,10 +158,16 @@ class BlockManager:
             self.prefix_queries += (len(seq.all_token_ids) - 1) // self.block_size
             self.prefix_hits += seq.num_hashed_blocks
         self.reserve(seq, num_new_tokens, start=hit.num_tokens)
-        for group, table, source in zip(self.groups, seq.block_tables, hit.partials):
+        for group, table, source in zip(self.groups, seq.block_tables, sources):
             own = group.copy_target(table, seq.num_hashed_blocks) if source is not None else None
             if own is not None and own != source:
                 self.block_copies.append((source, own))
+            if source is not None and self.pool.tier is not None:
+                group.pool.release([source])  # stays listed: the copy is queued before anything can write it
+
+    def _sources(self, hit: PrefixHit) -> list[int | None]:
+        """Per group, the cached block a hit ending inside one of its blocks copies from (or None)."""
+        return hit.partials or [None] * len(self.groups)
 
     # ---- each step: free what the windows left behind, add blocks for the scheduled tokens ----
 
@@ -184,7 +209,8 @@ class BlockManager:
         hashes, tokens, size = seq.block_hashes, seq.all_token_ids, self.block_size
         while len(hashes) < count:
             index = len(hashes)
-            hashes.append(block_hash(hashes[-1] if hashes else None, tokens[index * size : (index + 1) * size]))
+            hashes.append(block_hash(hashes[-1] if hashes else None, tokens[index * size : (index + 1) * size],
+                                     seq.cache_salt))
         return hashes
 
     # ---- n > 1, release ----------------------------------------------------------------------
@@ -251,3 +277,4 @@ class ScratchSequence:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_hashed_blocks: int = 0
+    cache_salt: str | None = None

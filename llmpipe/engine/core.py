@@ -24,16 +24,18 @@ from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
 from llmpipe.engine.block_manager import BlockManager
 from llmpipe.kv_cache.kinds import BlockTable
-from llmpipe.engine.core_messages import (CoreInfo, EngineCoreOutputs, EngineCoreRequest, EngineStats,
-                                          SpecDecodeStats)
+from llmpipe.engine.core_messages import (CommandResult, CoreInfo, EngineCoreOutputs, EngineCoreRequest, EngineStats,
+                                          LoRACommand, SpecDecodeStats)
 from llmpipe.engine.drafter import Drafter
 from llmpipe.engine.executor import Executor
+from llmpipe.engine.kv_pool import offload_tier
 from llmpipe.engine.request_table import RequestTable
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.engine.stop_rules import StopRules
 from llmpipe.engine.token_sampler import TokenSampler
 from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.lora.served import ServedAdapters
 from llmpipe.structured_output import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
@@ -57,10 +59,15 @@ class EngineCore:
             torch.manual_seed(config.seed)
         self.config = config
         self.executor = Executor(config, progress)
+        self.loras = ServedAdapters(self.runner.lora if config.enable_lora else None)
+        for name, path in config.lora_paths.items():  # --lora-modules: a bad adapter fails the start, in one line
+            self.loras.load(name, path)
         specs = [group.spec for group in self.kv_layout.groups]
+        self.offload = offload_tier(config, self.checkpoint.path, self.runner, self.kv_layout)
+        self.runner.offload = self.offload
         self.block_manager = BlockManager(
             self.executor.num_blocks, config.block_size, specs, config.enable_prefix_caching and config.kv_cache,
-            copy_partial_blocks=True,
+            copy_partial_blocks=True, tier=self.offload,
         )
         self.structured = StructuredOutputManager(self.checkpoint.tokenizer, config.model_config.vocab_size,
                                                   self.eos_token_ids)
@@ -83,6 +90,9 @@ class EngineCore:
         """Stop the tensor-parallel workers, if any (also done when the engine is collected or the
         interpreter exits); the core cannot step afterwards."""
         self.structured.close()
+        if self.offload is not None:
+            self.flush_offload()
+            self.offload.close()
         self.executor.close()
 
     def fault_in(self) -> None:
@@ -93,7 +103,7 @@ class EngineCore:
         return CoreInfo(
             self.config.model, self.config.max_model_len, self.config.model_config.vocab_size,
             tuple(sorted(self.eos_token_ids)), self.weight_bytes, pid, self.config.task, self.embedding_size,
-            not self.config.model_config.embedding_only,
+            not self.config.model_config.embedding_only, self.loras.listing(),
         )
 
     @property
@@ -131,6 +141,7 @@ class EngineCore:
             kv_bytes_in_use=(blocks.num_blocks - blocks.num_free_blocks) * self.block_bytes + blocks.states_in_use * state_bytes,
             kv_bytes_per_seq=per_seq,
             spec_decode=replace(self.spec_stats) if self.proposer is not None else None,
+            kv_offload=replace(self.offload.stats) if self.offload is not None else None,
         )
 
     # ---- requests -------------------------------------------------------------------------
@@ -138,7 +149,8 @@ class EngineCore:
     def add_request(self, request: EngineCoreRequest) -> None:
         """Admit a request the front end checked (`Admission.prompt`); the same rules are checked
         again here, so a front end that skipped them cannot get a bad id into a batch."""
-        added = self.requests.new(request)
+        self.loras.check(request.lora_name)
+        added = self.requests.new(request, self.loras.salt(request.lora_name, request.cache_salt))
         self.admission.check(request.prompt_token_ids, request.params, generates=request.pooling is None)
         self.admission.check_task(request.pooling)
         if request.pooling is not None and request.params.n != 1:
@@ -160,6 +172,11 @@ class EngineCore:
         if request.finished:
             self.requests.forget(request_id)
 
+    def lora_command(self, command: LoRACommand) -> CommandResult:
+        """Load or unload a LoRA adapter (between steps); unloading one that requests in flight use is refused."""
+        in_flight = sum(1 for r in self.requests.values() if r.sequences[0].lora_name == command.name)
+        return self.loras.apply(command, in_flight)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -178,7 +195,13 @@ class EngineCore:
         advanced = self.scheduler.update_from_output(batch, model_output)
         outputs = EngineCoreOutputs(self.requests.outputs(advanced), time.perf_counter())
         self.step_costs.observe(batch.num_rows, time.perf_counter() - started, decode_only=not batch.prefills)
+        if self.offload is not None and not self.scheduler.has_work():
+            self.flush_offload()  # the blocks the last step completed, saved before the engine idles
         return outputs
+
+    def flush_offload(self) -> None:
+        """Carry out the queued block transfers now (saves to the offload tier among them), not at the next step."""
+        self.executor.copy_blocks(self.block_manager.take_block_copies())
 
     def step_guarded(self) -> EngineCoreOutputs:
         """A step whose batch-level fault fails the requests in flight instead of raising: the
@@ -205,10 +228,12 @@ class EngineCore:
 
     # ---- evaluation -----------------------------------------------------------------------
 
-    def score(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests)."""
+    def score(self, token_ids: list[int], last_only: bool = False, lora_name: str | None = None) -> torch.Tensor:
+        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests),
+        under LoRA adapter `lora_name` if given."""
+        self.loras.check(lora_name)
         with self.scratch_blocks(token_ids) as block_tables:
-            return self.executor.score(token_ids, block_tables, last_only)
+            return self.executor.score(token_ids, block_tables, last_only, lora_name)
 
     def scratch_blocks(self, token_ids: list[int]) -> ContextManager[list[BlockTable]]:
         """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""

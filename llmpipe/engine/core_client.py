@@ -10,6 +10,7 @@ offline, and the API server's work overlaps with it instead of interleaving.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import os
@@ -26,9 +27,9 @@ from llmpipe.config import EngineConfig
 from llmpipe.engine.core import EngineCore
 from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_loop import Command, CoreLoop, Stop
-from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.core_messages import Abort, CommandResult, EngineCoreOutputs, EngineCoreRequest, LoRACommand
 from llmpipe.engine.core_process import (
-    ABORT, ADD, DECODERS, FAILED, OUTPUTS, READY, STOP, encoder, run_engine_core, stats_decoder,
+    ABORT, ADD, DECODERS, FAILED, LORA, OUTPUTS, READY, REPLY, STOP, encoder, run_engine_core, stats_decoder,
 )
 from llmpipe.errors import LLMPipeError
 
@@ -46,6 +47,7 @@ class CoreClient(Protocol):
     def add(self, request: EngineCoreRequest) -> None: ...
     def abort(self, targets: list[tuple[str, int | None]]) -> None: ...
     async def stop(self, timeout: float) -> None: ...
+    # Optional: `async def lora(action, name, path=None) -> CommandResult` (a LoRA load or unload between steps).
 
     @property
     def alive(self) -> bool: ...
@@ -61,10 +63,11 @@ class ThreadCoreClient:
         self._before_step = before_step
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._replies = _Replies()
 
     def start(self, on_step: OnStep, on_death: OnDeath) -> None:
         loop = asyncio.get_running_loop()
-        transport = _ThreadTransport(self._commands, loop, on_step)
+        transport = _ThreadTransport(self._commands, loop, on_step, self._replies.resolve)
         loop_ = CoreLoop(self.core, transport, self._before_step)
 
         def run() -> None:
@@ -72,7 +75,9 @@ class ThreadCoreClient:
                 loop_.run()
             except BaseException as err:  # noqa: BLE001 - reported to the front end, which fails its requests
                 logger.exception("the engine thread died")
-                loop.call_soon_threadsafe(on_death, f"the engine thread died ({type(err).__name__})")
+                reason = f"the engine thread died ({type(err).__name__})"
+                loop.call_soon_threadsafe(self._replies.fail, reason)
+                loop.call_soon_threadsafe(on_death, reason)
 
         self._thread = threading.Thread(target=run, name="llmpipe-engine", daemon=True)
         self._thread.start()
@@ -82,6 +87,11 @@ class ThreadCoreClient:
 
     def abort(self, targets: list[tuple[str, int | None]]) -> None:
         self._commands.put(Abort(targets))
+
+    async def lora(self, action: str, name: str, path: str | None = None) -> CommandResult:
+        command, reply = self._replies.new(action, name, path)
+        self._commands.put(command)
+        return await reply
 
     async def stop(self, timeout: float) -> None:
         if self._thread is not None:
@@ -94,9 +104,34 @@ class ThreadCoreClient:
         return self._thread is not None and self._thread.is_alive()
 
 
+class _Replies:
+    """The LoRA commands sent and not yet answered: a future each, by command id, resolved on the loop."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+
+    def new(self, action: str, name: str, path: str | None) -> tuple[LoRACommand, asyncio.Future]:
+        command = LoRACommand(next(self._ids), action, name, path)
+        future = self._waiting[command.command_id] = asyncio.get_running_loop().create_future()
+        return command, future
+
+    def resolve(self, result: CommandResult) -> None:
+        future = self._waiting.pop(result.command_id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def fail(self, reason: str) -> None:
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(LLMPipeError(reason))
+        self._waiting.clear()
+
+
 class _ThreadTransport:
-    def __init__(self, commands: queue.SimpleQueue, loop: asyncio.AbstractEventLoop, on_step: OnStep) -> None:
-        self.commands, self.loop, self.on_step = commands, loop, on_step
+    def __init__(self, commands: queue.SimpleQueue, loop: asyncio.AbstractEventLoop, on_step: OnStep,
+                 on_reply: Callable[[CommandResult], None]) -> None:
+        self.commands, self.loop, self.on_step, self.on_reply = commands, loop, on_step, on_reply
 
     def should_run(self) -> bool:
         return not self.loop.is_closed()
@@ -112,6 +147,9 @@ class _ThreadTransport:
 
     def send(self, step: EngineCoreOutputs, stats: EngineStats) -> None:
         self.loop.call_soon_threadsafe(self.on_step, step, stats)
+
+    def reply(self, result: CommandResult) -> None:
+        self.loop.call_soon_threadsafe(self.on_reply, result)
 
 
 class ProcessCoreClient:
@@ -138,6 +176,7 @@ class ProcessCoreClient:
         self._stopping = False
         self._reader: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._replies = _Replies()
         self.process.start()
         try:
             self.info: CoreInfo = self._wait_for(READY)
@@ -171,6 +210,8 @@ class ProcessCoreClient:
                 if frames[0] == OUTPUTS:
                     self.stats = stats_decoder.decode(frames[2])
                     on_step(decode(frames[1]), self.stats)
+                elif frames[0] == REPLY:
+                    self._replies.resolve(DECODERS[REPLY].decode(frames[1]))
         except zmq.ZMQError:  # closed: the client is stopping
             return
 
@@ -181,6 +222,7 @@ class ProcessCoreClient:
         self.process.join(1)
         self._dead = f"the engine core process died (exit code {self.process.exitcode})"
         logger.error("%s", self._dead)
+        self._replies.fail(self._dead)
         on_death(self._dead)
 
     def add(self, request: EngineCoreRequest) -> None:
@@ -188,6 +230,11 @@ class ProcessCoreClient:
 
     def abort(self, targets: list[tuple[str, int | None]]) -> None:
         self._send(ABORT, encoder.encode(Abort(targets)))
+
+    async def lora(self, action: str, name: str, path: str | None = None) -> CommandResult:
+        command, reply = self._replies.new(action, name, path)
+        self._send(LORA, encoder.encode(command))
+        return await reply
 
     def _send(self, kind: bytes, payload: bytes) -> None:
         if self._dead:

@@ -1,6 +1,6 @@
 """CoreLoop: what runs the engine core, in a thread or in its own process, behind a transport.
 
-While the core has requests it steps without waiting, applying the commands (requests, aborts)
+While the core has requests it steps without waiting, applying the commands (requests, aborts, LoRA loads)
 that arrived meanwhile before each step; idle, it waits for the next command. After every step,
 and after commands that changed the core's state, it hands the outputs and the core's stats to
 the transport. A step whose batch faults fails the requests in flight and the loop goes on.
@@ -13,12 +13,13 @@ from typing import Callable, Protocol
 
 from llmpipe.engine.core import EngineCore
 from llmpipe.engine.core_messages import EngineStats
-from llmpipe.engine.core_messages import Abort, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.core_messages import (Abort, CommandResult, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest,
+                                          LoRACommand)
 
 logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # an idle loop wakes this often to check that it should still run
 
-Command = EngineCoreRequest | Abort
+Command = EngineCoreRequest | Abort | LoRACommand
 
 
 class Stop:
@@ -30,6 +31,9 @@ class Transport(Protocol):
         """Commands that arrived, waiting up to timeout_s for the first (0: none)."""
 
     def send(self, step: EngineCoreOutputs, stats: EngineStats) -> None: ...
+
+    def reply(self, result: CommandResult) -> None:
+        """A LoRA command's outcome, to the client that is waiting for it."""
 
     def should_run(self) -> bool:
         """False once the loop's owner is gone (the API server died)."""
@@ -65,6 +69,10 @@ class CoreLoop:
             if isinstance(command, Abort):
                 for request_id, index in command.targets:
                     self.core.abort(request_id, index)
+            elif isinstance(command, LoRACommand):  # between steps: no forward is using the slots
+                apply = getattr(self.core, "lora_command", None)
+                self.transport.reply(apply(command) if apply is not None else
+                                     CommandResult(command.command_id, 400, "this model serves no LoRA adapters"))
             else:
                 self._add(command)
         return True

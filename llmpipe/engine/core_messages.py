@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from llmpipe.kv_cache.offload_tier import TierStats
 from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
 
@@ -22,6 +23,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True):
     prompt_token_ids: list[int]
     params: SamplingParams
     pooling: PoolingParams | None = None  # a pooling request: no tokens, its pooled vector once the prompt is computed
+    cache_salt: str | None = None  # its prefix-cache blocks are shared only with requests of the same salt
+    lora_name: str | None = None  # the LoRA adapter it runs under (None: the base model)
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -59,6 +62,23 @@ class Abort(msgspec.Struct, array_like=True):
     targets: list[tuple[str, int | None]]
 
 
+class LoRACommand(msgspec.Struct, array_like=True):
+    """Load ("load", name, path) or unload ("unload", name) a LoRA adapter, between two steps; the core
+    answers with the CommandResult of the same command_id."""
+
+    command_id: int
+    action: str
+    name: str
+    path: str | None = None
+
+
+class CommandResult(msgspec.Struct, array_like=True):
+    command_id: int
+    status: int = 200  # as HTTP: 400 a bad adapter or request, 404 no adapter of that name
+    error: str | None = None
+    loras: dict[str, str] = {}  # the adapters loaded after the command: name → path
+
+
 @dataclass
 class SpecDecodeStats:
     num_drafts: int = 0  # proposals verified (one per sequence per step)
@@ -94,6 +114,7 @@ class EngineStats:
     kv_bytes_in_use: int = 0  # bytes of the blocks in use
     spec_decode: SpecDecodeStats | None = None  # with speculative decoding on
     kv_bytes_per_seq: dict[str, int] = field(default_factory=dict)  # running request → bytes its blocks hold
+    kv_offload: TierStats | None = None  # with a prefix-cache tier below the pool: blocks saved, served, rejected
 
 
 @dataclass(frozen=True)
@@ -109,3 +130,4 @@ class CoreInfo:
     task: str = "generate"  # EngineConfig.task, resolved: "generate" (and embed), "embed" or "score"
     embedding_size: int | None = None  # the width of its embeddings (None: it embeds nothing)
     generates: bool = True  # False: an encoder, which pools only
+    loras: dict[str, str] | None = None  # LoRA adapters loaded (name → path); None: LoRA is off

@@ -1,8 +1,8 @@
 """The engine core in a process of its own: `llmpipe serve`'s model, KV cache and scheduler.
 
 It talks to the API server over two ZeroMQ PUSH/PULL pipes (ipc sockets) with msgpack messages
-(msgspec, typed): requests and aborts in; "ready", each step's outputs with the engine's stats,
-or a fatal load error out. It exits when told to stop, on SIGTERM, or as soon as it sees that the
+(msgspec, typed): requests, aborts and LoRA loads in; "ready", each step's outputs with the engine's
+stats, LoRA loads' outcomes, or a fatal load error out. It exits when told to stop, on SIGTERM, or as soon as it sees that the
 API server died (its parent changed), so it never outlives the server.
 """
 
@@ -21,11 +21,11 @@ from llmpipe.config import EngineConfig
 from llmpipe.engine.encoder_core import engine_core
 from llmpipe.engine.core_messages import CoreInfo, EngineStats
 from llmpipe.engine.core_loop import Command, CoreLoop, Stop
-from llmpipe.engine.core_messages import Abort, EngineCoreOutputs, EngineCoreRequest
+from llmpipe.engine.core_messages import Abort, CommandResult, EngineCoreOutputs, EngineCoreRequest, LoRACommand
 
 # Message kinds: the first frame of every two-frame message.
-ADD, ABORT, STOP = b"add", b"abort", b"stop"  # API server → core
-READY, OUTPUTS, FAILED = b"ready", b"outputs", b"failed"  # core → API server
+ADD, ABORT, STOP, LORA = b"add", b"abort", b"stop", b"lora"  # API server → core
+READY, OUTPUTS, FAILED, REPLY = b"ready", b"outputs", b"failed", b"reply"  # core → API server
 
 encoder = msgspec.msgpack.Encoder()
 DECODERS = {
@@ -33,6 +33,8 @@ DECODERS = {
     ABORT: msgspec.msgpack.Decoder(Abort),
     READY: msgspec.msgpack.Decoder(CoreInfo),
     OUTPUTS: msgspec.msgpack.Decoder(EngineCoreOutputs),
+    LORA: msgspec.msgpack.Decoder(LoRACommand),
+    REPLY: msgspec.msgpack.Decoder(CommandResult),
 }
 stats_decoder = msgspec.msgpack.Decoder(EngineStats)
 
@@ -88,3 +90,6 @@ class ZmqTransport:
 
     def send(self, step: EngineCoreOutputs, stats: EngineStats) -> None:
         self.outputs.send_multipart([OUTPUTS, encoder.encode(step), encoder.encode(stats)])
+
+    def reply(self, result: CommandResult) -> None:
+        self.outputs.send_multipart([REPLY, encoder.encode(result)])

@@ -25,6 +25,7 @@ from llmpipe.engine.core import EngineCore
 from llmpipe.engine.core_messages import CoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.aliases import resolve_model
+from llmpipe.lora.served import ServedAdapters
 from llmpipe.models import resident_bytes
 from llmpipe.loader import load_checkpoint
 from llmpipe.pooling import Encoder, is_encoder, load_encoder
@@ -47,6 +48,7 @@ class EncoderCheckpoint:
 class EncoderCore:
     kv_layout = None
     eos_token_ids: set[int] = set()
+    loras = ServedAdapters(None)  # no LoRA: a request naming an adapter is refused
 
     def __init__(self, config: EngineConfig, *, progress: bool = True):
         config = replace(config)  # resolved here: the caller's stays as given
@@ -57,6 +59,8 @@ class EncoderCore:
         if config.task not in ("auto", self.encoder.task):
             raise UnsupportedModelError(f"{path.name}: an encoder serves its own head (task {self.encoder.task!r}), "
                                         f"not task {config.task!r}")
+        if config.enable_lora:
+            raise UnsupportedModelError(f"{path.name}: an encoder serves no LoRA adapters (enable_lora)")
         config.task = self.encoder.task
         config.max_model_len = min(config.max_model_len or self.encoder.max_len, self.encoder.max_len)
         self.config = config

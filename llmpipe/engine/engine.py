@@ -8,6 +8,7 @@ token ids into text, applies stop strings and times the request.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, ContextManager
 
 import torch
@@ -20,6 +21,7 @@ from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
 from llmpipe.engine.output_processor import OutputProcessor
 from llmpipe.errors import InvalidRequestError
 from llmpipe.kv_cache.kinds import BlockTable
+from llmpipe.lora.request import LoRARequest
 from llmpipe.outputs import RequestOutput
 from llmpipe.pooling.prompts import SentencePrompts
 from llmpipe.pooling.rerank_prompt import ScorePrompts
@@ -71,13 +73,46 @@ class LLMEngine:
         layout = self.core.kv_layout
         return layout.blocks_held(num_tokens, self.config.block_size) * self.core.block_bytes + layout.state_bytes()
 
-    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams) -> None:
-        """A generation request (SamplingParams) or a pooling one (PoolingParams: it ends with its prompt)."""
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | PoolingParams,
+                    lora_request: LoRARequest | None = None) -> None:
+        """A generation request (SamplingParams) or a pooling one (PoolingParams: it ends with its prompt);
+        `lora_request`: the LoRA adapter it runs under, loaded first if it is not yet."""
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        text, request = self.admission.request(request_id, prompt, params)
+        if lora_request is not None:
+            self.add_lora(lora_request)
+        lora_name = lora_request.lora_name if lora_request is not None else None
+        text, request = self.admission.request(request_id, prompt, params, lora_name)
         self.core.add_request(request)
         self.output_processor.add(request_id, text, request.prompt_token_ids, request.params)
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras), with enable_lora ----
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load the adapter unless one of its name is loaded (from the same path): True if it loaded now.
+        Raises what a bad adapter, a rank above max_lora_rank or full slots (max_loras) raise."""
+        loaded = self.core.loras.paths.get(lora_request.lora_name)
+        if loaded is not None:
+            if lora_request.lora_path and Path(loaded) != Path(lora_request.lora_path):
+                raise InvalidRequestError(f"a LoRA adapter named {lora_request.lora_name!r} is loaded from {loaded}; "
+                                          "remove it before loading another under that name", param="lora_request")
+            return False
+        if not lora_request.lora_path:
+            raise InvalidRequestError(f"LoRA adapter {lora_request.lora_name!r} is not loaded and the request gives no "
+                                      "lora_path", param="lora_request")
+        self.core.loras.load(lora_request.lora_name, lora_request.lora_path)
+        return True
+
+    def remove_lora(self, lora: str | LoRARequest) -> bool:
+        """Unload an adapter (by name or its LoRARequest); refused while requests in flight use it."""
+        name = lora.lora_name if isinstance(lora, LoRARequest) else lora
+        in_flight = sum(1 for r in self.core.requests.values() if r.sequences[0].lora_name == name)
+        self.core.loras.unload(name, in_flight)
+        return True
+
+    def list_loras(self) -> dict[str, str]:
+        """The adapters loaded: name → path."""
+        return self.core.loras.listing() or {}
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks at once."""
@@ -94,9 +129,12 @@ class LLMEngine:
             self.core.abort(request_id, index)
         return outputs
 
-    def score(self, token_ids: list[int], last_only: bool = False) -> torch.Tensor:
-        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests)."""
-        return self.core.score(token_ids, last_only)
+    def score(self, token_ids: list[int], last_only: bool = False, lora_name: str | None = None) -> torch.Tensor:
+        """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests),
+        under a loaded LoRA adapter if `lora_name` names one."""
+        if lora_name is None:
+            return self.core.score(token_ids, last_only)
+        return self.core.score(token_ids, last_only, lora_name)
 
     def scratch_blocks(self, token_ids: list[int]) -> ContextManager[list[BlockTable]]:
         """A block table for token_ids outside the scheduler (scoring, calibration), freed on exit."""

@@ -23,6 +23,7 @@ from llmpipe.errors import UnsupportedModelError
 from llmpipe.kernels import huge_pages
 from llmpipe.loader import load_checkpoint
 from llmpipe.loader.memory_check import auto_kv_pool, available_bytes, check_fits
+from llmpipe.lora.manager import LoRAManager
 from llmpipe.models import load_model, resident_bytes
 from llmpipe.models.registry import family_of
 
@@ -66,6 +67,8 @@ class Executor:
             self.runner.start(self.num_blocks, self.kv_layout)
         else:
             self.runner = ModelRunner(self.model, config, self.num_blocks, self.kv_layout)
+            if config.enable_lora:  # slots for max_loras adapters; each loads at start or at run time (core.loras)
+                self.runner.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.torch_dtype)
         self.sampler: TokenSampler | None = None  # the core's, which knows the requests' grammars
         self.pooler = build_pooler(self.model, checkpoint, config.task)
 
@@ -79,7 +82,10 @@ class Executor:
             output.failed.update(failed)
         return output
 
-    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
+    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False,
+              lora_name: str | None = None) -> torch.Tensor:
+        if lora_name is not None:  # a ModelRunner's (LoRA runs on one process)
+            return self.runner.score(token_ids, block_tables, last_only, lora_name=lora_name)
         return self.runner.score(token_ids, block_tables, last_only)
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

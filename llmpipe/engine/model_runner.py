@@ -1,12 +1,14 @@
 """ModelRunner: makes the step's block copies, flattens a scheduled batch into tensors (token ids,
 positions, and per KV cache group the metadata its kind builds from the block tables), runs one
 forward pass, and returns the logits that need sampling and the hidden states that pooling requests
-end with. Every layer receives its group's metadata.
+end with. Every layer receives its group's metadata. Where rows of the step name LoRA adapters, the
+forward runs inside the LoRA manager's step, which adds each row's adapter delta (llmpipe/lora/).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from contextlib import nullcontext
+from typing import ContextManager, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -15,8 +17,10 @@ from llmpipe.config import EngineConfig
 from llmpipe.kv_cache.kinds import BlockTable, GroupBatch
 from llmpipe.engine.kv_pool import kv_cache_class
 from llmpipe.kv_cache.layout import KVCacheLayout
+from llmpipe.kv_cache.offload_tier import LoadBlock, OffloadTier, SaveBlock
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.quant.linear import decode_numerics
+from llmpipe.lora.manager import LoRAManager
 
 ChunkTables = tuple[list[BlockTable], int, int, int]  # a sequence's tables (one per group), start, end, first batch row
 
@@ -56,8 +60,9 @@ class Runner(Protocol):
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """Block copies (source, destination), before anything writes the cache again."""
+    def copy_blocks(self, copies: list) -> None:
+        """Block copies (source, destination) and offload-tier transfers, in order, before anything writes the
+        cache again."""
 
 
 class ModelRunner:
@@ -69,6 +74,8 @@ class ModelRunner:
         self.layout = layout
         cfg = config.model_config
         self.kv_cache = kv_cache_class(cfg).build(cfg, layout, num_blocks, config, self.device)
+        self.offload: OffloadTier | None = None  # the prefix cache's tier below the pool (set by the engine core)
+        self.lora: LoRAManager | None = None  # the LoRA adapters' slots, with enable_lora (set by the executor)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput) -> RunnerOutput:
@@ -80,25 +87,46 @@ class ModelRunner:
         inputs = self.prepare_inputs(batch)
         # Every row with the decode numerics, unless the step scores prompt positions (prompt logprobs:
         # the exact GEMM past KERNEL_MAX_BATCH rows, as engine.score).
-        with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)):
+        with decode_numerics(not any(item.seq.needs_prompt_logprobs for item in batch.prefills)), self.lora_step(batch):
             hidden = self.model(inputs.ids, inputs.positions, self.kv_cache.layers, inputs.metas)
             pooled = chunk_summaries(hidden, inputs.pool_spans)
             if not len(inputs.logit_rows):  # only chunks that end no sampled prompt (a long prompt's first chunks)
                 return RunnerOutput(hidden.new_empty(0, self.config.model_config.vocab_size), pooled)
             return RunnerOutput(self.model.compute_logits(hidden[inputs.logit_rows]), pooled)
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
-        """The block copies the scheduler queued (prefix hits inside a block, forked samples), before any write."""
-        for src, dst in copies:
-            self.kv_cache.copy_block(src, dst)
+    def copy_blocks(self, copies: list) -> None:
+        """The block copies the scheduler queued (prefix hits inside a block, forked samples) and the offload
+        tier's saves and loads, in order, before any write."""
+        for op in copies:
+            if isinstance(op, SaveBlock):
+                self.offload.put(op.key, op.tokens, self.kv_cache.read_block(op.block_id))
+            elif isinstance(op, LoadBlock):
+                self.kv_cache.write_block(op.block_id, op.entry.tensors)
+            else:
+                self.kv_cache.copy_block(*op)
+
+    def lora_step(self, batch: SchedulerOutput) -> ContextManager:
+        """The forward's LoRA context: each row's adapter, in prepare_inputs' row order (decodes with their
+        drafts, pooling rows, prefill chunks); nothing at all for a step without adapter rows."""
+        if self.lora is None or not (any(seq.lora_name for seq in batch.decodes)
+                                     or any(seq.lora_name for seq in batch.pooling_rows)
+                                     or any(item.seq.lora_name for item in batch.prefills)):
+            return nullcontext()
+        names = [seq.lora_name for seq in batch.decodes] + [seq.lora_name for seq in batch.pooling_rows]
+        counts = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in batch.decodes] + list(batch.pooling_rows.values())
+        names += [item.seq.lora_name for item in batch.prefills]
+        counts += [item.num_tokens for item in batch.prefills]
+        return self.lora.step(names, counts)
 
     @torch.inference_mode()
-    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor:
+    def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False,
+              lora_name: str | None = None) -> torch.Tensor:
         """Logits [T, vocab] at every position (or [1, vocab] at the last) of a sequence computed
-        from scratch into block_tables."""
+        from scratch into block_tables (under LoRA adapter `lora_name`, if given)."""
         metas = self.prefill_metadata(block_tables, len(token_ids))
         ids = torch.tensor(token_ids, device=self.device)
-        hidden = self.model(ids, torch.arange(len(token_ids), device=self.device), self.kv_cache.layers, metas)
+        with self.lora.step([lora_name], [len(token_ids)]) if lora_name is not None else nullcontext():
+            hidden = self.model(ids, torch.arange(len(token_ids), device=self.device), self.kv_cache.layers, metas)
         return self.model.compute_logits(hidden[-1:] if last_only else hidden)
 
     def prefill_metadata(self, block_tables: list[BlockTable], num_tokens: int) -> list:

@@ -20,9 +20,10 @@ class RequestTable(dict[str, Request]):
         self.device = device
         self.on_finished = on_finished  # a request id whose samples have all ended and been sent
 
-    def new(self, request: EngineCoreRequest) -> Request:
+    def new(self, request: EngineCoreRequest, cache_salt: str | None = None) -> Request:
         """The request with its n samples, each with its own seeded generator (not yet in the table):
-        sample 0 runs first, the others start from its prompt once it is computed."""
+        sample 0 runs first, the others start from its prompt once it is computed. `cache_salt`: what its
+        prefix-cache hashes are seeded with, where the core combined the request's with its adapter's."""
         if request.request_id in self:
             raise InvalidRequestError(f"request id {request.request_id!r} is already in use")
         token_ids, params = request.prompt_token_ids, request.params
@@ -34,6 +35,8 @@ class RequestTable(dict[str, Request]):
             seq = Sequence(request.request_id, index, list(token_ids), params, generator)
             seq.new_logprobs = [] if params.logprobs is not None else None
             seq.pooling = request.pooling
+            seq.cache_salt = cache_salt if cache_salt is not None else request.cache_salt
+            seq.lora_name = request.lora_name
             sequences.append(seq)
         sequences[0].siblings = sequences[1:]
         return Request(request.request_id, token_ids, params, sequences)

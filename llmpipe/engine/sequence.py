@@ -35,6 +35,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int = 0  # of those, served by the prefix cache at admission
     num_hashed_blocks: int = 0  # leading blocks registered in the prefix cache
+    cache_salt: str | None = None  # seeds the prefix-cache hashes: its LoRA adapter, or the request's cache_salt
+    lora_name: str | None = None  # the LoRA adapter its rows run under (None: the base model)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     error: str | None = None  # why it finished with "error"

@@ -57,6 +57,10 @@ class KVCache(Protocol):
 
     def copy_block(self, src: int, dst: int) -> None: ...
 
+    # Optional: a cache class with these two can have an offload tier (kv_cache/offload_tier.py) under it.
+    # def read_block(self, block_id: int) -> tuple[torch.Tensor, ...]: a copy of the block in every storage tensor
+    # def write_block(self, block_id: int, tensors: Sequence[torch.Tensor]) -> None: the inverse
+
 
 class PagedKVCache:
     def __init__(
@@ -109,3 +113,11 @@ class PagedKVCache:
             return
         for tensor in self.tensors:
             tensor[:, :, dst] = tensor[:, :, src]
+
+    def read_block(self, block_id: int) -> tuple[torch.Tensor, ...]:
+        """A copy of a token block (every layer of its group, K and V, and a quantized cache's scales)."""
+        return tuple(tensor[:, :, block_id].clone() for tensor in self.tensors)
+
+    def write_block(self, block_id: int, tensors: Sequence[torch.Tensor]) -> None:
+        for tensor, saved in zip(self.tensors, tensors, strict=True):
+            tensor[:, :, block_id] = saved

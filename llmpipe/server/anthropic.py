@@ -55,7 +55,7 @@ def messages_request(inputs: InputProcessor, raw: bytes) -> tuple:
         chat, requests, fmt = inputs.chat(validate_body(ChatCompletionRequest, chat_body(body)))
     except InvalidRequestError as err:
         raise chat_error(err, CHAT_PARAMS) from None
-    return chat, requests, fmt, MessageShape(inputs.model_name, len(requests[0][0]["prompt_token_ids"]))
+    return chat, requests, fmt, MessageShape(chat.model or inputs.model_name, len(requests[0][0]["prompt_token_ids"]))
 
 
 def count_tokens(inputs: InputProcessor, raw: bytes) -> JSONResponse:
@@ -63,7 +63,7 @@ def count_tokens(inputs: InputProcessor, raw: bytes) -> JSONResponse:
     body = parse_body(CountTokensRequest, raw)
     try:
         chat = validate_body(ChatCompletionRequest, prompt_body(body))
-        inputs.check_model(chat.model)
+        inputs.check_model(chat.model, adapters=True)
         prompt = inputs.chat_prompt(chat, chat.add_special_tokens, counted=True)
     except InvalidRequestError as err:
         raise chat_error(err, CHAT_PARAMS) from None

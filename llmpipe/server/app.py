@@ -2,8 +2,8 @@
 core in its own process under `llmpipe serve`, or of an in-process `LLM`'s core on a thread).
 
 Routes: /v1/completions, /v1/chat/completions (streaming or not), /v1/responses, /v1/messages,
-/v1/embeddings, /v1/rerank, /v1/score, /v1/models, /health, /metrics, /tokenize, /detokenize,
-/tokenizer_info, and / (the playground page).
+/v1/embeddings, /v1/rerank, /v1/score, /v1/models, /v1/load_lora_adapter, /v1/unload_lora_adapter, /health,
+/metrics, /tokenize, /detokenize, /tokenizer_info, and / (the playground page).
 
 Nothing heavy runs on the event loop: parsing and validating a body, chat templating, tokenizing
 and rendering a large reply run on a small worker pool (`Server.offload`), so one 7 MiB request
@@ -21,10 +21,11 @@ from importlib import resources
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
+from llmpipe.errors import InvalidRequestError
 from llmpipe.llm import LLM
 from llmpipe.outputs import RequestOutput
 from llmpipe.sampling_params import SamplingParams
@@ -40,7 +41,7 @@ from llmpipe.server.async_engine import AsyncEngine, RequestStream, UnavailableE
 from llmpipe.server.request_batch import RequestBatch
 from llmpipe.server.errors import install_error_handlers
 from llmpipe.server.http import BODY_TIMEOUT_S
-from llmpipe.server.input_processor import InputProcessor
+from llmpipe.server.input_processor import InputProcessor, parse_body
 from llmpipe.server.metrics import ServerMetrics
 from llmpipe.server.middleware import ApiKey, BodyLimit
 from llmpipe.server.openai_format import Format
@@ -53,8 +54,10 @@ from llmpipe.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     SamplingFields,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 
 logger = logging.getLogger(__name__)
@@ -74,6 +77,7 @@ class Server:
         engine.on_output = self.metrics.observe
         self.pool = ThreadPoolExecutor(API_WORKERS, thread_name_prefix="llmpipe-api")
         self.inputs = InputProcessor(engine.tokenizer, engine.max_model_len, model_name, tool_call_parser)
+        self.inputs.loras = engine.loras  # one dict: the engine updates it as adapters load and unload
         info = engine.info
         self.score_prompts = ScorePrompts(info.task, not info.generates, engine.tokenizer, info.max_model_len, model_name)
         self.sentence_prompts = SentencePrompts.read(resolve_model(info.model))
@@ -102,7 +106,8 @@ class Server:
         chunks, or (with `shape`) the Responses API's or the Messages API's object or events."""
         if body.user or body.safety_identifier:
             logger.debug("request for user %r", body.user or body.safety_identifier)
-        batch = await RequestBatch.start(self.engine, requests, fmt)
+        lora_name = self.inputs.check_model(body.model, adapters=True)  # checked when parsed; here: which adapter
+        batch = await RequestBatch.start(self.engine, requests, fmt, lora_name)
         if body.stream:
             chunks = batch.chunks(body.include_usage)
             return _EngineStreamResponse(shape.events(chunks) if shape else _sse(chunks), batch)
@@ -121,7 +126,8 @@ def json_body(model: type[BaseModel]) -> dict:
 def request_schemas() -> dict:
     """JSON schemas of every request body and what they nest, for OpenAPI's components."""
     schemas = {}
-    for model in [*REQUESTS.values(), *POOLING_REQUESTS.values(), MessagesRequest, CountTokensRequest]:
+    for model in [*REQUESTS.values(), *POOLING_REQUESTS.values(), MessagesRequest, CountTokensRequest,
+                  LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest]:
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
@@ -267,7 +273,29 @@ async def models(request: Request) -> dict:
         "owned_by": "llmpipe",
         "max_model_len": server.max_model_len,
     }
-    return {"object": "list", "data": [card]}
+    adapters = [{"id": name, "object": "model", "created": server.created, "owned_by": "llmpipe", "root": path,
+                 "parent": server.model_name, "max_model_len": server.max_model_len}
+                for name, path in server.engine.loras.items()]
+    return {"object": "list", "data": [card, *adapters]}
+
+
+# LoRA adapters at run time (vLLM's routes; with --enable-lora): loaded or unloaded between two engine steps.
+@router.post("/v1/load_lora_adapter", openapi_extra=json_body(LoadLoRAAdapterRequest))
+async def load_lora_adapter(request: Request) -> Response:
+    server = _server(request)
+    body = parse_body(LoadLoRAAdapterRequest, await request.body())
+    if body.lora_name == server.model_name:
+        raise InvalidRequestError(f"{body.lora_name!r} is the base model's name", param="lora_name")
+    await server.engine.load_lora(body.lora_name, body.lora_path)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+
+@router.post("/v1/unload_lora_adapter", openapi_extra=json_body(UnloadLoRAAdapterRequest))
+async def unload_lora_adapter(request: Request) -> Response:
+    server = _server(request)
+    body = parse_body(UnloadLoRAAdapterRequest, await request.body())
+    await server.engine.unload_lora(body.lora_name)
+    return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 @router.get("/health")

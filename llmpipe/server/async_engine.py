@@ -19,7 +19,8 @@ from llmpipe.engine.core_messages import EngineStats
 from llmpipe.engine.core_client import CoreClient
 from llmpipe.engine.core_messages import EngineCoreOutputs
 from llmpipe.engine.output_processor import OutputProcessor
-from llmpipe.errors import LLMPipeError
+from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.lora.served import AdapterNotFoundError
 from llmpipe.outputs import RequestOutput
 from llmpipe.pooling_params import PoolingParams
 from llmpipe.sampling_params import SamplingParams
@@ -74,6 +75,10 @@ class AsyncEngine:
         self.max_waiting = max_waiting
         self.stats: EngineStats = client.stats  # the core's latest snapshot (after its latest step)
         self.admission = Admission.serving(tokenizer, client.info)
+        # The LoRA adapters the core holds (name → path), kept in step with its answers to load / unload;
+        # the input processor reads this same dict. lora_enabled: the core runs with enable_lora.
+        self.loras: dict[str, str] = dict(client.info.loras or {})
+        self.lora_enabled = client.info.loras is not None
         self.outputs = OutputProcessor(tokenizer)
         # Called with every output the engine hands back, in order (the server's metrics).
         self.on_output: Callable[[RequestStream, RequestOutput], None] | None = None
@@ -149,13 +154,16 @@ class AsyncEngine:
         return len(self._unseen)
 
     async def add(self, prompt: PromptInput, params: SamplingParams | PoolingParams, *,
-                  admitted: bool = False) -> RequestStream:
+                  admitted: bool = False, lora_name: str | None = None) -> RequestStream:
         """Queue a generation or pooling request; raises InvalidRequestError (admission) or UnavailableError.
-        `admitted`: its body already passed `check_capacity` (the queue cap counts bodies, not their prompts)."""
+        `admitted`: its body already passed `check_capacity` (the queue cap counts bodies, not their prompts);
+        `lora_name`: the loaded LoRA adapter it runs under (None: the base model)."""
         if not admitted:
             self.check_capacity()
+        if lora_name is not None and lora_name not in self.loras:
+            raise AdapterNotFoundError(lora_name)
         request_id = f"req-{next(self._ids)}"
-        text, request = self.admission.request(request_id, prompt, params)
+        text, request = self.admission.request(request_id, prompt, params, lora_name)
         stream = RequestStream(request_id, self)
         self.outputs.add(request_id, text, request.prompt_token_ids, request.params)
         try:
@@ -166,6 +174,35 @@ class AsyncEngine:
         self._streams[stream.request_id] = stream
         self._unseen.add(stream.request_id)
         return stream
+
+    async def load_lora(self, name: str, path: str) -> None:
+        """Load a LoRA adapter into the core (between two of its steps); InvalidRequestError if it cannot."""
+        await self._lora("load", name, path)
+
+    async def unload_lora(self, name: str) -> None:
+        """Unload one: AdapterNotFoundError (404) for a name not loaded, InvalidRequestError while requests use it."""
+        if name not in self.loras:
+            raise AdapterNotFoundError(name)
+        await self._lora("unload", name)
+
+    async def _lora(self, action: str, name: str, path: str | None = None) -> None:
+        if not self.lora_enabled:
+            raise InvalidRequestError("this server runs without LoRA: start it with --enable-lora", param="lora_name")
+        command = getattr(self.client, "lora", None)
+        if command is None:
+            raise InvalidRequestError("this server's engine cannot load LoRA adapters at run time", param="lora_name")
+        self.check_capacity()
+        try:
+            result = await command(action, name, path)
+        except LLMPipeError as err:  # the core died meanwhile
+            raise UnavailableError(str(err)) from err
+        self.loras.clear()
+        self.loras.update(result.loras)
+        if result.status == 404:
+            raise AdapterNotFoundError(name)
+        if result.status != 200:
+            raise InvalidRequestError(result.error or f"the LoRA adapter {name!r} was refused",
+                                      param="lora_path" if action == "load" else "lora_name")
 
     def abort(self, request_id: str) -> None:
         self._streams.pop(request_id, None)

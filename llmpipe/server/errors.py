@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.lora.served import AdapterNotFoundError
 from llmpipe.server.async_engine import UnavailableError
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 
 def status_of(err: LLMPipeError) -> int:
+    if isinstance(err, AdapterNotFoundError):
+        return 404
     if isinstance(err, InvalidRequestError):
         return 400
     if isinstance(err, ModelNotFoundError):
@@ -65,6 +68,8 @@ def status_of(err: LLMPipeError) -> int:
 
 def llmpipe_error_body(err: LLMPipeError) -> dict:
     """The body for an error llmpipe raised on purpose (also sent as a stream's error event)."""
+    if isinstance(err, AdapterNotFoundError):
+        return error_body(404, str(err), err.param, err.code)
     if isinstance(err, InvalidRequestError):
         return error_body(400, str(err), err.param, err.code)
     if isinstance(err, ModelNotFoundError):

@@ -52,10 +52,20 @@ class InputProcessor:
         self.max_model_len = max_model_len
         self.model_name = model_name
         self.tool_call_parser = tool_call_parser  # None: chosen from the chat template
+        self.loras: dict[str, str] = {}  # the LoRA adapters loaded (the AsyncEngine's, kept up to date there)
 
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
-            raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves {self.model_name!r}")
+    def check_model(self, name: str | None, adapters: bool = False) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 for a model not served.
+        `adapters` False: a route that serves the base model only (embeddings, rerank, score)."""
+        if name is None or name == self.model_name:
+            return None
+        if name in self.loras:
+            if not adapters:
+                raise InvalidRequestError(f"{name!r} is a LoRA adapter; adapters serve generation only, this route "
+                                          f"serves {self.model_name!r}", param="model")
+            return name
+        served = ", ".join(repr(n) for n in [self.model_name, *self.loras])
+        raise ModelNotFoundError(f"the model {name!r} does not exist; this server serves {served}")
 
     def tokenizer(self) -> Tokenizer:
         tokenizer = self._tokenizer
@@ -122,18 +132,20 @@ class InputProcessor:
     def completion(self, raw: bytes) -> tuple:
         """(body, [(prompt, SamplingParams)]: one engine request per prompt of the body, reply format)."""
         body = parse_body(CompletionRequest, raw)
-        self.check_model(body.model)
+        self.check_model(body.model, adapters=True)
         prompt_logprobs = body.prompt_logprobs
         if prompt_logprobs is None and body.echo:  # vLLM: echo's logprobs cover the prompt too
             prompt_logprobs = body.logprobs
         requests = []
         for prompt in prompt_list(body.prompt):
             prompt = self.text_prompt(prompt, body.add_special_tokens, body.truncate_prompt_tokens)
+            if body.cache_salt is not None:
+                prompt["cache_salt"] = body.cache_salt
             params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), body.max_tokens), body.logprobs)
             requests.append((prompt, replace(params, prompt_logprobs=prompt_logprobs)))
         tokenizer = self._tokenizer
         fmt = CompletionFormat(
-            f"cmpl-{uuid.uuid4().hex}", self.model_name, body.logprobs, body.return_tokens_as_token_ids,
+            f"cmpl-{uuid.uuid4().hex}", body.model or self.model_name, body.logprobs, body.return_tokens_as_token_ids,
             echo=body.echo, decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=False)) if tokenizer else None,
         )
         return body, requests, fmt
@@ -153,15 +165,17 @@ class InputProcessor:
         return self.chat(parse_body(ChatCompletionRequest, raw))
 
     def chat(self, body: ChatCompletionRequest) -> tuple:
-        self.check_model(body.model)
+        self.check_model(body.model, adapters=True)
         tools = tool_calling(body, self.tool_call_parser, self._tokenizer.chat_template if self._tokenizer else None)
         prompt = self.chat_prompt(body, body.add_special_tokens)
         prompt["prompt_token_ids"] = self.truncate(prompt["prompt_token_ids"], body.truncate_prompt_tokens)
+        if body.cache_salt is not None:
+            prompt["cache_salt"] = body.cache_salt
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         params = body.sampling_params(self.max_tokens(len(prompt["prompt_token_ids"]), requested), logprobs)
         tools.apply(params)
-        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", self.model_name, logprobs, body.return_tokens_as_token_ids,
+        fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", body.model or self.model_name, logprobs, body.return_tokens_as_token_ids,
                          token_bytes=self._tokenizer.token_bytes if self._tokenizer else None, tool_parser=tools.parser)
         return body, [(prompt, replace(params, prompt_logprobs=body.prompt_logprobs))], fmt
 
@@ -172,11 +186,11 @@ class InputProcessor:
             chat = self.chat(validate_body(ChatCompletionRequest, body.chat_body()))
         except InvalidRequestError as err:
             raise chat_error(err) from None
-        return (*chat, ResponseShape(body, self.model_name))
+        return (*chat, ResponseShape(body, body.model or self.model_name))
 
     def tokenize(self, raw: bytes) -> Response:
         body = parse_body(TokenizeRequest, raw)
-        self.check_model(body.model)
+        self.check_model(body.model, adapters=True)  # an adapter tokenizes as its base model
         tokenizer = self.tokenizer()
         if (body.prompt is None) == (body.messages is None):
             raise InvalidRequestError("send exactly one of prompt or messages", param="prompt")
@@ -205,7 +219,7 @@ class InputProcessor:
 
     def detokenize(self, raw: bytes) -> Response:
         body = parse_body(DetokenizeRequest, raw)
-        self.check_model(body.model)
+        self.check_model(body.model, adapters=True)
         tokenizer = self.tokenizer()
         vocab = tokenizer.vocab_size
         bad = next((t for t in body.tokens if t >= vocab), None)

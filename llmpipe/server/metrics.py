@@ -40,6 +40,13 @@ SPEC_METRICS = (
     ("llmpipe:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted.", "num_accepted_tokens"),
 )
 
+OFFLOAD_METRICS = (
+    ("llmpipe:kv_offload_saved_blocks", "Prefix-cache blocks copied into the offload tier.", "saved"),
+    ("llmpipe:kv_offload_restored_blocks", "Blocks restored from the offload tier instead of recomputed.", "restored"),
+    ("llmpipe:kv_offload_disk_reads", "Blocks read back from the disk tier and verified.", "disk_reads"),
+    ("llmpipe:kv_offload_rejected_files", "Disk-tier files that failed verification (recomputed).", "rejected"),
+)
+
 
 class _EngineCollector(Collector):
     """Engine state at scrape time; behind a data-parallel ingress, one sample per replica (label `replica`)."""
@@ -53,8 +60,10 @@ class _EngineCollector(Collector):
         for family_type, name, doc, value in ENGINE_METRICS:
             yield self._family(family_type, name, doc, names, [(labels, value(s)) for labels, s in snapshots])
         spec = [(labels, s.spec_decode) for labels, s in snapshots if s.spec_decode is not None]
-        for name, doc, attr in SPEC_METRICS if spec else ():
-            yield self._family(CounterMetricFamily, name, doc, names, [(labels, getattr(d, attr)) for labels, d in spec])
+        offload = [(labels, s.kv_offload) for labels, s in snapshots if s.kv_offload is not None]
+        for metrics, present in ((SPEC_METRICS, spec), (OFFLOAD_METRICS, offload)):
+            for name, doc, attr in metrics if present else ():
+                yield self._family(CounterMetricFamily, name, doc, names, [(labels, getattr(d, attr)) for labels, d in present])
 
     @staticmethod
     def _family(family_type: type, name: str, doc: str, names: list[str], samples: list[tuple[dict, float]]):

@@ -119,7 +119,6 @@ REFUSED_SAMPLING = {
     "priority": Refused("requests are served first come, first served", (None, 0)),
     "request_id": Refused("the server names each request itself"),
     "return_token_ids": Refused(NOT_YET, (None, False)),
-    "cache_salt": Refused(NOT_YET),
     "kv_transfer_params": Refused("disaggregated prefill is not supported"),
     "vllm_xargs": Refused("custom arguments are not supported"),
     "metadata": Refused("stored completions are not supported"),
@@ -241,6 +240,9 @@ class SamplingFields(_Body):
         None, description="vLLM's older structured_outputs.choice"
     )
     guided_grammar: Text | None = Field(None, description="vLLM's older structured_outputs.grammar")
+    cache_salt: Text | None = Field(
+        None, min_length=1, description="vLLM's: the prompt's prefix-cache blocks are shared only with requests of the same salt"
+    )
     REFUSED: ClassVar[dict[str, Refused]] = REFUSED_SAMPLING
 
     @property
@@ -815,6 +817,20 @@ REQUESTS = {
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }
+
+
+class LoadLoRAAdapterRequest(_Body):
+    """vLLM's /v1/load_lora_adapter body."""
+
+    lora_name: Text = Field(min_length=1, description="the name requests give as their model")
+    lora_path: Text = Field(min_length=1, description="a PEFT adapter directory or a GGUF LoRA file, on the server")
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    """vLLM's /v1/unload_lora_adapter body (lora_int_id, which llmpipe does not key by, is accepted and unused)."""
+
+    lora_name: Text = Field(min_length=1)
+    lora_int_id: int | None = None
 
 
 def field_table(requests: dict[str, type[_Body]] = REQUESTS) -> list[tuple[str, str, str]]:

@@ -36,14 +36,15 @@ class RequestBatch:
 
     @classmethod
     async def start(cls, engine: AsyncEngine, requests: list[tuple[dict, SamplingParams | PoolingParams]],
-                    fmt: Format | None):
-        """Queue every prompt's request, the body counted once against the waiting queue's cap; if one is
-        refused, those already queued are aborted. (Pooling requests have no format: each ends with its result.)"""
+                    fmt: Format | None, lora_name: str | None = None):
+        """Queue every prompt's request (under LoRA adapter `lora_name`, if given), the body counted once
+        against the waiting queue's cap; if one is refused, those already queued are aborted. (Pooling
+        requests have no format: each ends with its result.)"""
         streams: list[RequestStream] = []
         engine.check_capacity()  # once per body: a request of 1,000 inputs is admitted whole or not at all
         try:
             for prompt, params in requests:
-                streams.append(await engine.add(prompt, params, admitted=True))
+                streams.append(await engine.add(prompt, params, admitted=True, lora_name=lora_name))
         except BaseException:
             for stream in streams:
                 stream.abort()

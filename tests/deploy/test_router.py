@@ -12,7 +12,7 @@ BLOCK = 4
 
 def test_prefix_hashes_are_the_engines_own_block_hashes():
     tokens = list(range(30))
-    seq = type("Seq", (), {"block_hashes": [], "all_token_ids": tokens})()
+    seq = type("Seq", (), {"block_hashes": [], "all_token_ids": tokens, "cache_salt": None})()
     manager = BlockManager(8, BLOCK, [FullAttentionSpec()])
     assert prefix_hashes(tokens, BLOCK) == manager._hashes(seq, len(tokens) // BLOCK)
 

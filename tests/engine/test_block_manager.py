@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from llmpipe.engine.block_manager import BlockManager, BlockTable, PrefixHit
 from llmpipe.kv_cache.kinds import CompressedSpec, FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from llmpipe.kv_cache.offload_tier import LoadBlock, SaveBlock, TierEntry, TierStats
 
 BLOCK = 4
 NUM_BLOCKS = 48
@@ -34,6 +35,7 @@ class FakeSeq:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_hashed_blocks: int = 0
+    cache_salt: str | None = None
 
     @property
     def all_token_ids(self):
@@ -44,10 +46,35 @@ def no_hit(specs=SPECS) -> PrefixHit:
     return PrefixHit(0, [BlockTable() for _ in specs])
 
 
+class FakeTier:
+    """An offload tier keeping each saved block's rows (as the fake pool records them), `capacity` blocks at most."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.entries: dict = {}
+        self.stats = TierStats()
+
+    def __contains__(self, key) -> bool:
+        return key in self.entries
+
+    def put(self, key, tokens, rows) -> None:
+        self.entries[key] = TierEntry(key, tokens, rows)
+        while len(self.entries) > self.capacity:
+            del self.entries[next(iter(self.entries))]
+
+    def end_lookup(self) -> None:
+        pass
+
+    def find(self, key, tokens):
+        entry = self.entries.get(key)
+        return entry if entry is not None and entry.tokens == tokens else None
+
+
 class World:
-    def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS, copying=False):
+    def __init__(self, specs=SPECS, num_blocks=NUM_BLOCKS, copying=False, tier: FakeTier | None = None):
         # copying: prefix hits may end inside a compressed block, copied as the engine's runner would
-        self.bm = BlockManager(num_blocks, BLOCK, specs, copy_partial_blocks=copying)
+        self.tier = tier
+        self.bm = BlockManager(num_blocks, BLOCK, specs, copy_partial_blocks=copying, tier=tier)
         self.pool: dict[tuple[int, int], int] = {}
         self.live: list[FakeSeq] = []
 
@@ -57,9 +84,17 @@ class World:
                 self.pool[(dst, offset)] = self.pool[(src, offset)]
 
     def make_copies(self) -> None:
-        """The block copies the manager queued, as the runner makes them before a step's forward."""
-        for src, dst in self.bm.take_block_copies():
-            self.copy(src, dst)
+        """The block copies and tier transfers the manager queued, as the runner makes them before a step's forward."""
+        for op in self.bm.take_block_copies():
+            if isinstance(op, SaveBlock):
+                self.tier.put(op.key, op.tokens, {o: self.pool[(op.block_id, o)] for o in range(BLOCK)
+                                                  if (op.block_id, o) in self.pool})
+            elif isinstance(op, LoadBlock):
+                for o in range(BLOCK):
+                    self.pool.pop((op.block_id, o), None)
+                self.pool.update({(op.block_id, o): row for o, row in op.entry.tensors.items()})
+            else:
+                self.copy(*op)
 
     def admit(self, seq: FakeSeq) -> bool:
         hit = self.bm.prefix_hit(seq)
@@ -90,6 +125,7 @@ class World:
                     self.pool[(table.block_of(row, BLOCK), row % BLOCK)] = self.row(seq, spec, row)
         seq.num_computed_tokens = len(seq.tokens)
         self.bm.register_full_blocks(seq, seq.num_computed_tokens)
+        self.make_copies()  # the blocks it listed are saved before anything else writes them
 
     @staticmethod
     def row(seq: FakeSeq, spec: KVCacheSpec, row: int) -> tuple[int, ...]:
@@ -130,6 +166,47 @@ def test_block_manager_invariants_hold_under_random_operations(operations, setup
     run_operations(World(*setup[:1], copying=setup[1]), operations)
 
 
+# Prompts sharing prefixes (three conversations, cut anywhere, with a tail of their own): what a tier serves.
+PROMPTS = [[(7 * c + i) % 5 for i in range(24)] for c in range(3)]
+shared_prefix_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("new"), st.builds(lambda c, n, tail: PROMPTS[c][:n] + tail, st.integers(0, 2),
+                                            st.integers(1, 24), st.lists(st.integers(0, 2), max_size=3))),
+        st.tuples(st.just("append"), st.integers(0, 50), st.integers(0, 2)),
+        st.tuples(st.just("free"), st.integers(0, 50)),
+        st.tuples(st.just("free"), st.integers(0, 50)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(shared_prefix_ops, st.sampled_from([(SPECS, False), (V4_SPECS, True), ([FullAttentionSpec()], False)]),
+       st.integers(4, 60), st.integers(8, 16))
+def test_with_an_offload_tier_evicted_prefixes_come_back_holding_their_own_tokens(operations, setup, capacity,
+                                                                                   num_blocks):
+    """A small pool under a tier: prefixes the pool evicted are restored from the tier, and every row a
+    sequence reads is still its own (World.check)."""
+    run_operations(World(setup[0], num_blocks=num_blocks, copying=setup[1], tier=FakeTier(capacity)), operations)
+
+
+def test_a_prefix_evicted_from_the_pool_is_restored_from_the_tier():
+    world = World(specs=[FullAttentionSpec()], num_blocks=5, tier=FakeTier(100))
+    donor = FakeSeq(list(range(13)))
+    assert world.admit(donor)
+    world.bm.free_sequence(donor)
+    world.live.clear()
+    other = FakeSeq([99] * 20)  # takes every block: the donor's are evicted from the pool
+    assert world.admit(other)
+    world.bm.free_sequence(other)
+    world.live.clear()
+    assert not any(key[1] in donor.block_hashes for key in world.bm.pool.cached)
+    again = FakeSeq(list(range(13)))
+    assert world.admit(again)
+    assert again.num_cached_tokens == 12 and world.tier.stats.restored == 3  # three blocks from the tier
+    world.check()
+
+
 def run_operations(world: World, operations: list[tuple]) -> None:
     """Admit, grow, fork and free sequences as `operations` say, checking the invariants after each."""
     bm = world.bm
@@ -154,7 +231,7 @@ def run_operations(world: World, operations: list[tuple]) -> None:
         world.check()
     for seq in world.live:
         bm.free_sequence(seq)
-    assert bm.num_free_blocks == NUM_BLOCKS and bm.usage == 0.0
+    assert bm.num_free_blocks == bm.num_blocks and bm.usage == 0.0
 
 
 def test_window_group_frees_blocks_as_the_sequence_grows_and_full_group_keeps_all():

@@ -85,3 +85,15 @@ def test_kv_usage_is_nonzero_while_a_request_runs(tiny_path):
             next(lines)
             assert metric(url, "llmpipe:kv_cache_usage_perc") > 0
             assert metric(url, "llmpipe:num_requests_running") == 1
+
+
+def test_offload_tier_counters_count_the_blocks_saved_and_restored(tiny_path):
+    llm = LLM(tiny_path, progress=False, max_num_blocks=16, kv_offload_memory="16MiB")
+    with live_server(llm) as url:
+        assert "llmpipe:kv_offload_saved_blocks" in httpx.get(f"{url}/metrics").text
+        prompt = list(range(3, 100))  # 6 full blocks
+        complete(url, prompt=prompt, max_tokens=2)
+        complete(url, prompt=[7] * 240, max_tokens=2)  # takes every block: the first prompt's are evicted
+        assert complete(url, prompt=prompt, max_tokens=2)["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        assert metric(url, "llmpipe:kv_offload_restored_blocks_total") == 6
+        assert metric(url, "llmpipe:kv_offload_saved_blocks_total") == 6 + 15

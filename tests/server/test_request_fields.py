@@ -61,6 +61,7 @@ SAMPLING_EXAMPLES = {
     "guided_regex": "[a-z]{1,3}",
     "guided_choice": ["yes", "no"],
     "guided_grammar": 'root ::= "yes" | "no"',
+    "cache_salt": "tenant-1",
 }
 # route → field → the extra body fields of a request that uses it (and must get a 200)
 SUPPORTED_EXAMPLES = {

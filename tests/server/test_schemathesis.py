@@ -24,6 +24,8 @@ OPERATIONS = {  # label → examples per generation mode
     "POST /tokenize": 15,
     "POST /detokenize": 15,
     "GET /v1/models": 1,
+    "POST /v1/load_lora_adapter": 10,  # a server without --enable-lora: every one a 400
+    "POST /v1/unload_lora_adapter": 10,
     "GET /health": 1,
     "GET /metrics": 1,
     "GET /tokenizer_info": 1,

@@ -5,8 +5,10 @@
 
 #define MAX_ROWS 8 /* activation rows one row-kernel call takes (callers split larger batches) */
 
-/* decode_step.c's LinearDesc as int64 words: kind, bits, weight, scale, offset, bias, N, K, group, panels */
-#define LINEAR_WORDS 10
+/* decode_step.c's LinearDesc as int64 words: kind, bits, weight, scale, offset, bias, N, K, group, panels, lora */
+#define LINEAR_WORDS 11
+/* its LoraDesc (a LinearDesc's `lora`): a, bt, widths, row_slot, R */
+#define LORA_WORDS 5
 /* its LayerDesc: 2 norms, 4 LinearDescs, 4 optional norms, act, rope, window, sinks, table, the cache and its scales */
 #define LAYER_WORDS (2 + 4 * LINEAR_WORDS + 4 + 5 + 2)
 #define LAYER_ROPE_WORD (2 + 4 * LINEAR_WORDS + 4 + 1)

@@ -22,7 +22,9 @@
  *         (type, rows, address of the first byte) per segment (each where the loader left it: views of the
  *         file's mapping); integer-dot activations only, any batch in one pass
  * and, for batches of PANEL_MIN_ROWS or more on the integer-dot path, the same weights as panels
- * (lowbit_panels.h) where given.
+ * (lowbit_panels.h) where given; and, where LoRA adapters are loaded (llmpipe/lora/), their low-rank factors
+ * (LoraDesc): each row of the batch adds its own adapter's B · (A · x) to the linear's output, A · x split
+ * among the threads (then a barrier), B's columns in each thread's own output rows.
  * with bits = 8 or 16 taking the integer-dot path (activations quantized to int8 or 15-bit blocks,
  * lowbit_dot.c), 0 the float-activation (exact) path. Norm weights are the multipliers themselves
  * (Gemma's 1 + weight, precomputed).
@@ -54,6 +56,15 @@
 
 enum { F32 = KIND_F32, INT4 = KIND_INT4, INT8 = KIND_INT8, Q5_0 = KIND_Q5_0, GGML = KIND_GGML, EXPERTS = KIND_EXPERTS };
 
+/* A linear's LoRA adapters (lora/slots.py's ModuleSlots): per slot, A [R, K] and B transposed [R, N], zero-padded;
+ * widths[slot]: the slot's rank columns here (0: its adapter leaves this linear alone); row_slot[m]: row m's
+ * slot this step (-1: the base model). */
+typedef struct {
+    const float *a, *bt;
+    const int64_t *widths, *row_slot;
+    int64_t R;
+} LoraDesc;
+
 typedef struct {
     int64_t kind, bits; /* bits: the activations' for the integer dot (8, 16), 0 float */
     const void *weight; /* F32 weights or low-bit codes */
@@ -65,6 +76,7 @@ typedef struct {
     const float *bias; /* may be NULL */
     int64_t N, K, group; /* GGML: group is the segment count */
     const uint8_t *panels; /* with bits: the codes also in lowbit_panels.h's panels, for batches (NULL: none) */
+    const LoraDesc *lora;  /* NULL: no adapter changes this linear */
 } LinearDesc;
 
 enum { SILU = ACT_SILU, GELU_TANH = ACT_GELU_TANH, CLAMPED_SWIGLU = ACT_CLAMPED_SWIGLU };
@@ -92,6 +104,7 @@ typedef struct {
 
 /* The Python side lays these out as abi.h's int64 words. */
 _Static_assert(sizeof(LinearDesc) == LINEAR_WORDS * 8, "LinearDesc is LINEAR_WORDS words");
+_Static_assert(sizeof(LoraDesc) == LORA_WORDS * 8, "LoraDesc is LORA_WORDS words");
 _Static_assert(sizeof(LayerDesc) == LAYER_WORDS * 8, "LayerDesc is LAYER_WORDS words");
 _Static_assert(offsetof(LayerDesc, rope) == LAYER_ROPE_WORD * 8, "LayerDesc.rope is word LAYER_ROPE_WORD");
 _Static_assert(offsetof(LayerDesc, table) == LAYER_TABLE_WORD * 8, "LayerDesc.table is word LAYER_TABLE_WORD");
@@ -107,6 +120,7 @@ typedef struct {
     int32_t *bias; /* Q5_0 on VNNI at batch 1: q5_0_bias's sums */
     int32_t *s4;   /* GGML: activation_sums4's */
     int8_t *amx_b; /* GGML on AMX (a batch of AMX_MIN_ROWS or more): the activations as the tiles read them */
+    float *lora_t; /* shared by the threads: [B, R] the rows' A · x of the linear being computed (lora_shrink) */
     float *amx_dx, *amx_xs;
 } Scratch;
 
@@ -334,8 +348,8 @@ static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, in
     ggml_segment_rows(w->segments, w->group, n0, n1, &a, amx ? &tiles : NULL, B, use_vnni(), s->y, n1 - n0);
 }
 
-/* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added. */
-static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+/* This thread's rows [n0, n1) of w · x into s->y ([B, n1 - n0]), bias added (no adapters). */
+static void base_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     if (n0 >= n1) return;
     if (w->kind == GGML) {
         ggml_linear_slice(w, x, B, n0, n1, s);
@@ -372,9 +386,64 @@ static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t
     add_bias(w, B, n0, n1, y);
 }
 
+/* Whether a row of the step reads an adapter that changes w. */
+static int lora_rows(const LinearDesc *w, int64_t B) {
+    if (!w->lora) return 0;
+    for (int64_t m = 0; m < B; m++) {
+        const int64_t slot = w->lora->row_slot[m];
+        if (slot >= 0 && w->lora->widths[slot]) return 1;
+    }
+    return 0;
+}
+
+static float dot_f32(const float *a, const float *b, int64_t K) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for (; k < K; k++) sum += a[k] * b[k];
+    return sum;
+}
+
+/* The shrink: t[m, r] = A_slot[r] · x[m] for each row's adapter, r below its width; the (row, r) pairs shared out
+ * among the threads, which meet at the work-sharing loop's barrier. Every thread calls it (lora_rows agrees). */
+static void lora_shrink(const LinearDesc *w, const float *x, int64_t B, float *t) {
+    const LoraDesc *l = w->lora;
+    const int64_t R = l->R, K = w->K;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < B * R; i++) {
+        const int64_t m = i / R, r = i % R, slot = l->row_slot[m];
+        if (slot >= 0 && r < l->widths[slot]) t[i] = dot_f32(l->a + (slot * R + r) * K, x + m * K, K);
+    }
+}
+
+/* The expand: y[m, n - n0] += Σ_r t[m, r] · B_slot[n, r] over this thread's output rows [n0, n1). */
+static void lora_expand(const LinearDesc *w, int64_t B, int64_t n0, int64_t n1, const float *t, float *y) {
+    const LoraDesc *l = w->lora;
+    const int64_t R = l->R, N = w->N, width = n1 - n0;
+    for (int64_t m = 0; m < B; m++) {
+        const int64_t slot = l->row_slot[m];
+        if (slot < 0) continue;
+        float *ym = y + m * width;
+        for (int64_t r = 0; r < l->widths[slot]; r++) {
+            const float tr = t[m * R + r], *b = l->bt + (slot * R + r) * N + n0;
+            for (int64_t n = 0; n < width; n++) ym[n] += tr * b[n];
+        }
+    }
+}
+
+/* base_slice, plus each row's adapter delta where one changes w (its shrink already in s->lora_t). */
+static void linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
+    base_slice(w, x, B, n0, n1, s);
+    if (n0 < n1 && lora_rows(w, B)) lora_expand(w, B, n0, n1, s->lora_t, s->y);
+}
+
 /* dst[m, n] = (or +=) w · x for this thread's rows of w. */
 static void linear_into(const LinearDesc *w, const float *x, int64_t B, float *dst, int64_t ld, int add, Scratch *s) {
     int64_t n0, n1;
+    if (lora_rows(w, B)) lora_shrink(w, x, B, s->lora_t);
     row_range(w->N, B, &n0, &n1);
     linear_slice(w, x, B, n0, n1, s);
     for (int64_t m = 0; m < B; m++)
@@ -434,6 +503,7 @@ static void act_rows(Act act, const float *g, const float *u, float *out, int64_
 static void gate_up_act(const LinearDesc *w, int64_t kind, const float *x, int64_t B, float *act, Scratch *s) {
     const int64_t I = w->N / 2;
     int64_t n0, n1;
+    if (lora_rows(w, B)) lora_shrink(w, x, B, s->lora_t);
     row_range(I, B, &n0, &n1);
     if (n0 >= n1) return;
     const int64_t width = n1 - n0;
@@ -468,7 +538,7 @@ static void route(const float *logits, int64_t E, int64_t k, int64_t renormalize
 static void expert_slice(const LinearDesc *w, const float *x, int64_t rows, int64_t n0, int64_t n1, Scratch *s) {
     int8_t *amx = s->amx_b;
     if (rows < AMX_MIN_ROWS) s->amx_b = NULL;
-    linear_slice(w, x, rows, n0, n1, s);
+    base_slice(w, x, rows, n0, n1, s); /* experts take no adapters */
     s->amx_b = amx;
 }
 
@@ -584,6 +654,13 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
             E = experts > E ? experts : E;
         }
     }
+    int64_t lora_R = 0; /* the widest adapter stack of any linear */
+    for (int64_t l = 0; l < num_layers; l++) {
+        const LinearDesc *ws[4] = {&layers[l].qkv, &layers[l].o, &layers[l].gate_up, &layers[l].down};
+        for (int i = 0; i < 4; i++)
+            if (ws[i]->kind != EXPERTS && ws[i]->lora && ws[i]->lora->R > lora_R) lora_R = ws[i]->lora->R;
+    }
+    float *lora_t = lora_R ? malloc(sizeof(float) * B * lora_R) : NULL;
     const int64_t token_stride = KVH * D, block_stride = block_size * token_stride;
     int64_t widest = hidden > I ? hidden : I;
     widest = widest > H * D ? widest : H * D;
@@ -596,6 +673,7 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
 #pragma omp parallel
     {
         Scratch s = scratch_new(B, widest, slice);
+        s.lora_t = lora_t;
         float *gathered = E ? malloc(sizeof(float) * B * hidden) : NULL; /* an expert's rows of the batch */
         for (int64_t l = 0; l < num_layers; l++) {
             const LayerDesc *layer = layers + l;
@@ -632,5 +710,5 @@ void decode_step(float *x, const LayerDesc *layers, int64_t num_layers, int64_t 
         scratch_free(&s);
         free(gathered);
     }
-    free(qkv), free(attn), free(act), free(out), free(logits), free(part_out), free(part_stats);
+    free(qkv), free(attn), free(act), free(out), free(logits), free(part_out), free(part_stats), free(lora_t);
 }

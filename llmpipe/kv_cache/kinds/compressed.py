@@ -74,6 +74,6 @@ class CompressedManager(GroupManager):
     def register(self, table: BlockTable, index: int, key_hash: int, chunk: tuple[int, ...]) -> None:
         j = index // self.spec.span
         if (index + 1) % self.spec.span and table.offset <= j < len(table):
-            self.pool.list_block(table.ids[j - table.offset], (self.group, key_hash, PARTIAL), chunk)
+            self.pool.list_block(table.ids[j - table.offset], (self.group, key_hash, PARTIAL), chunk, offload=False)
         else:
             super().register(table, index, key_hash, chunk)

@@ -46,7 +46,7 @@ MAX_BATCH = KERNEL_MAX_BATCH
 PANEL_MAX_BATCH = 256
 # The descriptors' layout (csrc/abi.h, which decode_step.c checks its structs against).
 F32, INT4, INT8, Q5_0, GGML, EXPERTS = (ABI[f"KIND_{kind}"] for kind in ("F32", "INT4", "INT8", "Q5_0", "GGML", "EXPERTS"))
-LINEAR_SLOTS = ABI["LINEAR_WORDS"]  # LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels
+LINEAR_SLOTS = ABI["LINEAR_WORDS"]  # LinearDesc: kind, bits, weight, scale, offset, bias, N, K, group, panels, lora
 ACTS = {"silu": ABI["ACT_SILU"], "swish": ABI["ACT_SILU"], "gelu_pytorch_tanh": ABI["ACT_GELU_TANH"],
         "gelu_new": ABI["ACT_GELU_TANH"]}
 TABLE_WORD = ABI["LAYER_TABLE_WORD"]  # LayerDesc.table: the layer's block-table set, set per step
@@ -55,6 +55,11 @@ CLAMPED_SWIGLU = ABI["ACT_CLAMPED_SWIGLU"]  # gpt-oss's experts' (their `limit` 
 
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
+
+
+def _lora(module: nn.Module) -> int:
+    """The address of a linear's LoraDesc (lora/slots.py), 0 where no adapter slots are attached to it."""
+    return _ptr(getattr(module, "lora_desc", None))
 
 
 def linear_slots(module: nn.Module) -> list[int] | None:
@@ -66,12 +71,12 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         w = module.weight
         if w.dtype != torch.float32 or not w.is_contiguous() or w.shape[1] % 16:
             return None
-        return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0]
+        return [F32, 0, w.data_ptr(), 0, 0, _ptr(bias), w.shape[0], w.shape[1], w.shape[1], 0, _lora(module)]
     if isinstance(module, GGMLLinear):  # integer-dot activations only; the segments' table where `offset` goes
         if not module.activation_bits:
             return None
         return [GGML, module.activation_bits, 0, 0, module.segment_table.data_ptr(), _ptr(bias),
-                module.out_features, module.in_features, len(module.segments), 0]
+                module.out_features, module.in_features, len(module.segments), 0, _lora(module)]
     if not isinstance(module, (Int4Linear, Int8Linear, Q5_0Linear)) or module.padded_in != module.in_features:
         return None
     bits = module.activation_bits or 0
@@ -80,12 +85,12 @@ def linear_slots(module: nn.Module) -> list[int] | None:
         if module.in_perm is not None:
             return None
         return [INT4, bits, module.codes.data_ptr(), module.scale.data_ptr(), module.offset.data_ptr(), _ptr(bias),
-                module.out_features, module.in_features, module.group_size, _ptr(panels)]
+                module.out_features, module.in_features, module.group_size, _ptr(panels), _lora(module)]
     if isinstance(module, Q5_0Linear):
         return [Q5_0, bits, module.blocks.data_ptr(), 0, 0, _ptr(bias), module.out_features, module.in_features,
-                module.group_size, _ptr(panels)]
+                module.group_size, _ptr(panels), _lora(module)]
     return [INT8, bits, module.q.data_ptr(), module.scale.data_ptr(), 0, _ptr(bias), module.out_features,
-            module.in_features, module.group_size, _ptr(panels)]
+            module.in_features, module.group_size, _ptr(panels), _lora(module)]
 
 
 def norm_multiplier(norm: nn.Module | None, eps: float) -> torch.Tensor | None:
@@ -106,7 +111,7 @@ def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
     (weight, bias), (count, hidden) = (router.weight, router.bias), router.weight.shape
     if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in (weight, bias)) or hidden % 16:
         return None
-    router_slots = [F32, 0, weight.data_ptr(), 0, 0, _ptr(bias), count, hidden, hidden, 0]
+    router_slots = [F32, 0, weight.data_ptr(), 0, 0, _ptr(bias), count, hidden, hidden, 0, 0]
     linears = [linear_slots(e.gate_up_proj) for e in experts] + [linear_slots(e.down_proj) for e in experts]
     if any(slots is None for slots in linears) or len({slots[1] for slots in linears}) != 1:
         return None
@@ -114,7 +119,7 @@ def experts_slots(mlp: nn.Module) -> tuple[list[int], torch.Tensor] | None:
     desc = torch.tensor([count, router.top_k, int(router.renormalize), *clamp, *router_slots, *sum(linears, [])],
                         dtype=torch.int64)
     inner = experts[0].down_proj.in_features
-    return [EXPERTS, linears[0][1], desc.data_ptr(), 0, 0, 0, 2 * router.top_k * inner, hidden, 0, 0], desc
+    return [EXPERTS, linears[0][1], desc.data_ptr(), 0, 0, 0, 2 * router.top_k * inner, hidden, 0, 0, 0], desc
 
 
 def float_bits(value: float) -> int:
@@ -288,19 +293,25 @@ class FusedDecodeBody:
 
     fuses_decode = True
     fused_decode = True  # per instance, False: decode layer by layer too (the path the fused step is tested against)
+    # Set by lora.LoRAManager while a step has adapter rows whose factors the fused step cannot read: the layer path.
+    lora_active = False
     _decode_step: LlamaDecodeStep | None | bool = False  # False: not built yet (built at the first decode)
 
     def fused_layers(self, x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]], kv_caches: list,
                      metas: list[AttentionMetadata]) -> torch.Tensor | None:
         """The body's output (every layer, then its final norm `self.norm`) in one call; None where the
         step does not apply."""
-        if not LlamaDecodeStep.batch_fits(x, ropes[0][0], metas):
+        if self.lora_active or not LlamaDecodeStep.batch_fits(x, ropes[0][0], metas):
             return None
         step = self.decode_step()
         if step is None or not step.takes(x.shape[0], kv_caches):
             return None
         out = step(x, ropes, kv_caches, metas)
         return out if step.final_norm is not None else self.norm(out)
+
+    def reset_decode_step(self) -> None:
+        """Rebuild the fused step at the next decode (its linears' descriptors changed: LoRA slots attached)."""
+        self._decode_step = False
 
     def decode_step(self) -> LlamaDecodeStep | None:
         """The whole-stack decode kernel for this body, where it applies (built at the first decode step)."""
