@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import ContextManager
+from typing import Callable, ContextManager
 
 import torch
 
@@ -35,6 +35,7 @@ from llmpipe.engine.step_costs import StepCosts
 from llmpipe.engine.stop_rules import StopRules
 from llmpipe.engine.token_sampler import TokenSampler
 from llmpipe.errors import InvalidRequestError, LLMPipeError
+from llmpipe.lora.adapter import LoRAAdapter
 from llmpipe.lora.served import ServedAdapters
 from llmpipe.structured_output import StructuredOutputManager
 
@@ -172,10 +173,10 @@ class EngineCore:
         if request.finished:
             self.requests.forget(request_id)
 
-    def lora_command(self, command: LoRACommand) -> CommandResult:
+    def lora_command(self, command: LoRACommand, read: Callable[[], LoRAAdapter] | None = None) -> CommandResult:
         """Load or unload a LoRA adapter (between steps); unloading one that requests in flight use is refused."""
         in_flight = sum(1 for r in self.requests.values() if r.sequences[0].lora_name == command.name)
-        return self.loras.apply(command, in_flight)
+        return self.loras.apply(command, in_flight, read)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

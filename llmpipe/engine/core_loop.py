@@ -1,7 +1,9 @@
 """CoreLoop: what runs the engine core, in a thread or in its own process, behind a transport.
 
 While the core has requests it steps without waiting, applying the commands (requests, aborts, LoRA loads)
-that arrived meanwhile before each step; idle, it waits for the next command. After every step,
+that arrived meanwhile before each step; idle, it waits for the next command. A LoRA load's file is read on
+a thread of its own (a large adapter takes seconds: the streams keep stepping meanwhile), and the adapter
+goes into its slot between two steps once read. After every step,
 and after commands that changed the core's state, it hands the outputs and the core's stats to
 the transport. A step whose batch faults fails the requests in flight and the loop goes on.
 """
@@ -9,6 +11,7 @@ the transport. A step whose batch faults fails the requests in flight and the lo
 from __future__ import annotations
 
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Protocol
 
 from llmpipe.engine.core import EngineCore
@@ -18,6 +21,7 @@ from llmpipe.engine.core_messages import (Abort, CommandResult, EngineCoreOutput
 
 logger = logging.getLogger(__name__)
 IDLE_WAIT_S = 0.5  # an idle loop wakes this often to check that it should still run
+READ_WAIT_S = 0.01  # ... and this often while a LoRA adapter's file is being read
 
 Command = EngineCoreRequest | Abort | LoRACommand
 
@@ -46,17 +50,28 @@ class CoreLoop:
         self.core = core
         self.transport = transport
         self.before_step = before_step
+        self.reading: list[tuple[LoRACommand, Future]] = []  # LoRA loads whose files are being read
+        self._reader: ThreadPoolExecutor | None = None
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            if self._reader is not None:
+                self._reader.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
         while self.transport.should_run():
-            commands = self.transport.receive(0 if self.core.has_unfinished_requests() else IDLE_WAIT_S)
+            idle_wait = READ_WAIT_S if self.reading else IDLE_WAIT_S
+            commands = self.transport.receive(0 if self.core.has_unfinished_requests() else idle_wait)
             if not self._apply(commands):
                 break
+            loaded = self._finish_reads()
             if self.core.has_unfinished_requests():
                 if self.before_step is not None:
                     self.before_step()
                 self.transport.send(self.core.step_guarded(), self.core.stats())
-            elif commands:  # admissions or aborts changed the stats a client may read
+            elif commands or loaded:  # admissions, aborts or loads changed the stats a client may read
                 self.transport.send(EngineCoreOutputs([], 0.0), self.core.stats())
         for request_id in list(self.core.requests):
             self.core.abort(request_id)
@@ -69,13 +84,30 @@ class CoreLoop:
             if isinstance(command, Abort):
                 for request_id, index in command.targets:
                     self.core.abort(request_id, index)
-            elif isinstance(command, LoRACommand):  # between steps: no forward is using the slots
-                apply = getattr(self.core, "lora_command", None)
-                self.transport.reply(apply(command) if apply is not None else
-                                     CommandResult(command.command_id, 400, "this model serves no LoRA adapters"))
+            elif isinstance(command, LoRACommand):
+                self._lora(command)
             else:
                 self._add(command)
         return True
+
+    def _lora(self, command: LoRACommand) -> None:
+        """An unload now (between steps: no forward is using the slots); a load's file read off the step first."""
+        apply = getattr(self.core, "lora_command", None)
+        if apply is None:
+            self.transport.reply(CommandResult(command.command_id, 400, "this model serves no LoRA adapters"))
+        elif command.action == "load":
+            self._reader = self._reader or ThreadPoolExecutor(max_workers=1, thread_name_prefix="lora-read")
+            self.reading.append((command, self._reader.submit(self.core.loras.read, command.name, command.path)))
+        else:
+            self.transport.reply(apply(command))
+
+    def _finish_reads(self) -> bool:
+        """The loads whose files are read: into their slots, and answered. Whether any finished."""
+        done = [(command, future) for command, future in self.reading if future.done()]
+        for command, future in done:
+            self.reading.remove((command, future))
+            self.transport.reply(self.core.lora_command(command, future.result))
+        return bool(done)
 
     def _add(self, request: EngineCoreRequest) -> None:
         try:

@@ -50,6 +50,7 @@ def read_gguf_adapter(name: str, path: Path, targets: LoRATargets) -> LoRAAdapte
         hf_name = arch.hf_name(base)
         if hf_name is None or not hf_name.endswith(".weight"):
             raise UnsupportedModelError(f"{path}: the adapter changes {base}, which llmpipe does not adapt")
+        targets.check_shape(hf_name.removesuffix(".weight"), suffix.upper(), tuple(tensor_shape(tensor)), path)  # before reading
         value = dequantize(torch.from_numpy(tensor.data), tensor.tensor_type, tensor_shape(tensor)).to(torch.float32, copy=True)
         if suffix == "b" and (heads := arch.permuted.get(pattern_of(base)[0])) is not None:
             value = unpermute_rows(value, getattr(targets.config, heads))

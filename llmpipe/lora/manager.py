@@ -68,14 +68,14 @@ class LoRAManager:
 
     def load(self, name: str, path: str | Path) -> LoRAAdapter:
         """Read an adapter file and take a free slot for it; returns the adapter as read."""
-        self._check_free(name)
+        self.check_free(name)
         adapter = read_adapter(name, path, self.targets)
         self.add(adapter)
         return adapter
 
     def add(self, adapter: LoRAAdapter) -> int:
         """Put an adapter (already read for this model) into a free slot; returns the slot."""
-        self._check_free(adapter.name)
+        self.check_free(adapter.name)
         if adapter.rank > self.max_lora_rank:
             raise InvalidRequestError(f"adapter {adapter.name!r} has rank {adapter.rank}, above max_lora_rank "
                                       f"{self.max_lora_rank}", param="max_lora_rank")
@@ -144,7 +144,8 @@ class LoRAManager:
                 body.lora_active = False
             self._in_step = False
 
-    def _check_free(self, name: str) -> None:
+    def check_free(self, name: str) -> None:
+        """InvalidRequestError where `name` is taken or no slot is free."""
         if name in self.adapters:
             raise InvalidRequestError(f"a LoRA adapter named {name!r} is already loaded", param="lora")
         if len(self.adapters) >= self.max_loras:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from llmpipe.errors import ModelLoadError, UnsupportedModelError
+from llmpipe.errors import LLMPipeError, ModelLoadError, UnsupportedModelError
 from llmpipe.lora.adapter import LoRAAdapter
 from llmpipe.lora.targets import LoRATargets
 
@@ -36,7 +36,12 @@ def read_peft_adapter(name: str, directory: Path, targets: LoRATargets) -> LoRAA
         raise ModelLoadError(f"{directory}: no {WEIGHTS}")
     try:
         with safe_open(str(weights), framework="pt") as f:
+            for key in f.keys():  # every shape checked before any tensor is read
+                module, which = _parse(key, directory)
+                targets.check_shape(module, which, tuple(f.get_slice(key).get_shape()), directory)
             tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except LLMPipeError:
+        raise
     except Exception as exc:  # safetensors raises its own SafetensorError (an Exception) on a bad file
         raise ModelLoadError(f"{weights}: not a readable safetensors file: {exc}") from exc
     pairs: dict[str, dict[str, torch.Tensor]] = {}

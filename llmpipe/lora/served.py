@@ -13,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from typing import Callable
 
 from llmpipe.engine.core_messages import CommandResult, LoRACommand
 from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.lora.adapter import LoRAAdapter
-from llmpipe.lora.manager import LoRAManager
+from llmpipe.lora.manager import LoRAManager, read_adapter
 
 logger = logging.getLogger(__name__)
 SALT_MARK = "\x00lora"  # begins an adapter's salt; a client's cache_salt may not hold "\x00" (Admission)
@@ -45,10 +46,22 @@ class ServedAdapters:
         return dict(self.paths) if self.enabled else None
 
     def load(self, name: str, path: str) -> LoRAAdapter:
+        return self.add(self.read(name, path), path)
+
+    def read(self, name: str, path: str | None) -> LoRAAdapter:
+        """The adapter file read and checked against the model, taking no slot: what may run off the step
+        (the engine core reads a file a load command names on a thread of its own, CoreLoop)."""
         manager = self._manager()
-        adapter = manager.load(name, path)
-        self.digests[name], self.paths[name] = content_digest(adapter), str(path)
-        logger.info("LoRA adapter %r loaded from %s (rank %d)", name, path, adapter.rank)
+        if not path:
+            raise InvalidRequestError("loading a LoRA adapter needs its path", param="lora_path")
+        manager.check_free(name)
+        return read_adapter(name, path, manager.targets)
+
+    def add(self, adapter: LoRAAdapter, path: str) -> LoRAAdapter:
+        """An adapter read for this model into a free slot (between steps: no forward is using the slots)."""
+        self._manager().add(adapter)
+        self.digests[adapter.name], self.paths[adapter.name] = content_digest(adapter), str(path)
+        logger.info("LoRA adapter %r loaded from %s (rank %d)", adapter.name, path, adapter.rank)
         return adapter
 
     def unload(self, name: str, requests_in_flight: int = 0) -> None:
@@ -76,13 +89,13 @@ class ServedAdapters:
             return cache_salt
         return f"{SALT_MARK}:{self.digests[lora_name]}:{cache_salt or ''}"
 
-    def apply(self, command: LoRACommand, requests_in_flight: int = 0) -> CommandResult:
-        """Run a load or unload command; its outcome (an error as a 4xx status, never raised)."""
+    def apply(self, command: LoRACommand, requests_in_flight: int = 0,
+              read: Callable[[], LoRAAdapter] | None = None) -> CommandResult:
+        """Run a load or unload command; its outcome (an error as a 4xx status, never raised). read: what a
+        load's file gave, read already (`read`, off the step): the result, or raising what reading raised."""
         try:
             if command.action == "load":
-                if not command.path:
-                    raise InvalidRequestError("loading a LoRA adapter needs its path", param="lora_path")
-                self.load(command.name, command.path)
+                self.add(read() if read is not None else self.read(command.name, command.path), command.path)
             elif command.action == "unload":
                 self.unload(command.name, requests_in_flight)
             else:

@@ -55,23 +55,32 @@ class LoRATargets:
             raise UnsupportedModelError(f"{path}: the adapter targets {checkpoint_module!r}, which is not a linear layer of "
                                         f"this {self.config.architecture} model")
 
+    def check_shape(self, checkpoint_module: str, factor: str, shape: tuple[int, ...], path: Path) -> None:
+        """A factor's shape, checked before the file's tensor is read (a file must not make the engine allocate
+        more than the model's own layer shapes at max_lora_rank): A [r, in], B [out rows of its shard, r]."""
+        self.check_name(checkpoint_module, path)
+        module_name, _, rows = self.shard_of[checkpoint_module]
+        module = self.modules[module_name]
+        out_rows = len(range(module.out_features)[rows])
+        fixed, expected = (shape[1:], (module.in_features,)) if factor == "A" else (shape[:1], (out_rows,))
+        if len(shape) != 2 or tuple(fixed) != expected:
+            raise UnsupportedModelError(f"{path}: {checkpoint_module}'s lora_{factor} has shape {shape}; the model's layer "
+                                        f"takes {module.in_features} inputs to {out_rows} outputs")
+        rank = shape[0] if factor == "A" else shape[1]
+        if rank > self.max_lora_rank:
+            raise InvalidRequestError(f"{path}: {checkpoint_module} has rank {rank}, above max_lora_rank "
+                                      f"{self.max_lora_rank}", param="max_lora_rank")
+
     def assemble(self, name: str, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], path: Path) -> LoRAAdapter:
         """factors: checkpoint module name → (A [r, in], B [out rows of its shard, r], scale folded in)."""
         by_module: dict[str, list[tuple[int, slice, torch.Tensor, torch.Tensor]]] = {}
         rank = 0
         for checkpoint_module, (a, b) in factors.items():
-            self.check_name(checkpoint_module, path)
+            self.check_shape(checkpoint_module, "A", tuple(a.shape), path)
+            self.check_shape(checkpoint_module, "B", tuple(b.shape), path)
+            if a.shape[0] != b.shape[1]:
+                raise UnsupportedModelError(f"{path}: {checkpoint_module}'s factors have ranks {a.shape[0]} and {b.shape[1]}")
             module_name, shard, rows = self.shard_of[checkpoint_module]
-            module = self.modules[module_name]
-            out_rows = len(range(module.out_features)[rows])
-            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or tuple(a.shape[1:]) != (module.in_features,) \
-                    or b.shape[0] != out_rows:
-                raise UnsupportedModelError(f"{path}: {checkpoint_module}'s factors have shapes {tuple(a.shape)} and "
-                                            f"{tuple(b.shape)}; the model's layer takes {module.in_features} inputs to "
-                                            f"{out_rows} outputs")
-            if a.shape[0] > self.max_lora_rank:
-                raise InvalidRequestError(f"{path}: {checkpoint_module} has rank {a.shape[0]}, above max_lora_rank "
-                                          f"{self.max_lora_rank}", param="max_lora_rank")
             rank = max(rank, a.shape[0])
             by_module.setdefault(module_name, []).append((shard, rows, a.float(), b.float()))
         if not by_module:

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from llmpipe.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
-from llmpipe.lora import LoRAManager
+from llmpipe.lora import LoRAManager, peft_adapter
 from tests.lora.helpers import merged_logits, save_peft_adapter
 
 TOKENS = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99]
@@ -96,6 +96,38 @@ def refusal(lora_llm, path, error, max_lora_rank: int = 8) -> str:
 def test_rank_above_max_lora_rank_is_refused(lora_llm, good_adapter):
     message = refusal(lora_llm, good_adapter, InvalidRequestError, max_lora_rank=4)
     assert "rank 8, above max_lora_rank 4" in message
+
+
+def test_factors_of_the_wrong_shape_are_refused_before_they_are_read(lora_llm, good_adapter, tmp_path, monkeypatch):
+    wide = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(8, 4096)}
+    path = edited(tmp_path, good_adapter, tensor_changes=wide)
+    read = []
+    original = peft_adapter.safe_open
+
+    class Spy:  # safe_open whose get_tensor records what was read
+        def __init__(self, *args, **kwargs):
+            self.inner = original(*args, **kwargs)
+
+        def __enter__(self):
+            self.file = self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.file.keys()
+
+        def get_slice(self, key):
+            return self.file.get_slice(key)
+
+        def get_tensor(self, key):
+            read.append(key)
+            return self.file.get_tensor(key)
+
+    monkeypatch.setattr(peft_adapter, "safe_open", Spy)
+    assert "has shape (8, 4096)" in refusal(lora_llm, path, UnsupportedModelError)
+    assert read == []
 
 
 def test_dora_is_refused(lora_llm, good_adapter, tmp_path):

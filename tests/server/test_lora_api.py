@@ -12,7 +12,7 @@ import torch
 
 from llmpipe import LLM
 from tests.lora.helpers import hf_model, save_peft_adapter
-from tests.server.utils import TINY_MODEL, core_process_engine, live_server
+from tests.server.utils import TINY_MODEL, core_process_engine, live_server, paced
 
 KEY = "sk-lora"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -147,3 +147,38 @@ def test_adapters_load_across_an_engine_core_process(tiny_path, lora_setup):
         assert reply.status_code == 400 and "max_lora_rank" in reply.text
         assert httpx.post(f"{base_url}/v1/unload_lora_adapter", json={"lora_name": "poet"}, timeout=120).status_code == 200
         assert httpx.post(f"{base_url}/v1/unload_lora_adapter", json={"lora_name": "poet"}, timeout=120).status_code == 404
+
+
+def test_streams_keep_decoding_while_an_adapter_file_is_read(tiny_path, lora_setup, monkeypatch):
+    """A load's file is read off the step (CoreLoop): a stream in flight gets tokens meanwhile, and the
+    adapter serves once the read finishes."""
+    import threading
+
+    from llmpipe.lora.served import ServedAdapters
+
+    _, adapters = lora_setup
+    reading, release = threading.Event(), threading.Event()
+    original = ServedAdapters.read
+
+    def slow_read(self, name, path):
+        reading.set()
+        assert release.wait(60), "the test never released the read"
+        return original(self, name, path)
+
+    monkeypatch.setattr(ServedAdapters, "read", slow_read)
+    llm = LLM(tiny_path, dtype="float32", enable_lora=True, max_lora_rank=8, progress=False)
+    body = {"model": TINY_MODEL, "prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    with live_server(llm, api_key=KEY, before_step=paced()) as url, httpx.Client(timeout=60) as client:
+        with client.stream("POST", f"{url}/v1/completions", json=body, headers=AUTH) as stream:
+            lines = stream.iter_lines()
+            next(line for line in lines if line.startswith("data:"))
+            load = threading.Thread(target=lambda: client.post(
+                f"{url}/v1/load_lora_adapter", json={"lora_name": "poet", "lora_path": str(adapters["poet"])}, headers=AUTH))
+            load.start()
+            assert reading.wait(60)
+            chunks = [next(line for line in lines if line.startswith("data:")) for _ in range(5)]  # the read still waits
+            assert all("[DONE]" not in chunk for chunk in chunks) and not release.is_set()
+            release.set()
+            load.join(60)
+        assert complete(url, "poet").status_code == 200
+    llm.close()
