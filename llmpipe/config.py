@@ -212,7 +212,9 @@ class EngineConfig:
     enable_lora: bool = option(
         False, "serve LoRA adapters over the base model (docs/features/lora.md): a request names one as its model; "
         "adapters load at start (--lora-modules) or at run time (POST /v1/load_lora_adapter)")
-    max_loras: int = option(4, "LoRA adapters loaded at once at most (one step may mix them all)")
+    max_loras: int = option(4, "LoRA adapters one step may mix (their slots); more may be loaded: a request under "
+                            "another waits for a slot, which the least recently used adapter no running request "
+                            "uses gives up (vLLM's --max-loras)")
     max_lora_rank: int = option(16, "the highest LoRA rank an adapter may have")
     lora_modules: list[str] | None = option(
         None, "LoRA adapters to load at start: name=path items (a PEFT directory or a GGUF LoRA file), or vLLM's "
@@ -278,9 +280,6 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise InvalidRequestError(f"{name} must be a positive integer, got {value!r}")
-        if len(self.lora_modules or ()) > self.max_loras:
-            raise InvalidRequestError(f"lora_modules names {len(self.lora_modules)} adapters, more than max_loras "
-                                      f"({self.max_loras})")
         if self.enable_lora and self.tensor_parallel_size > 1:
             raise InvalidRequestError("LoRA adapters run with tensor_parallel_size 1 only")
         if self.enable_lora and self.speculative_method is not None:

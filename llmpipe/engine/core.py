@@ -31,6 +31,7 @@ from llmpipe.engine.executor import Executor
 from llmpipe.engine.kv_pool import offload_tier
 from llmpipe.engine.request_table import RequestTable
 from llmpipe.engine.scheduler import Scheduler, SchedulerOutput
+from llmpipe.engine.sequence import Sequence
 from llmpipe.engine.step_costs import StepCosts
 from llmpipe.engine.stop_rules import StopRules
 from llmpipe.engine.token_sampler import TokenSampler
@@ -73,7 +74,7 @@ class EngineCore:
         self.structured = StructuredOutputManager(self.checkpoint.tokenizer, config.model_config.vocab_size,
                                                   self.eos_token_ids)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   self.structured.is_ready, StopRules(config, self.eos_token_ids, self.structured),
+                                   self._ready, StopRules(config, self.eos_token_ids, self.structured),
                                    keep_kv=config.kv_cache, pool_every_token=self.executor.pooler.reads_every_token,
                                    pool_as_rows=self.kv_layout.state_bytes() == 0)
         self.executor.sampler = TokenSampler(self.structured, self.eos_token_ids)
@@ -173,6 +174,16 @@ class EngineCore:
         if request.finished:
             self.requests.forget(request_id)
 
+    def _ready(self, seq: Sequence) -> bool:
+        """Whether a waiting sequence may start: its grammar compiled, and its LoRA adapter in a slot (at most
+        max_loras adapters run at once; a sequence under another one waits for a running adapter's requests)."""
+        if not self.structured.is_ready(seq):
+            return False
+        return seq.lora_name is None or self.loras.admit(seq.lora_name, self._running_adapters())
+
+    def _running_adapters(self) -> set[str | None]:
+        return {seq.lora_name for seq in self.scheduler.running}
+
     def lora_command(self, command: LoRACommand, read: Callable[[], LoRAAdapter] | None = None) -> CommandResult:
         """Load or unload a LoRA adapter (between steps); unloading one that requests in flight use is refused."""
         in_flight = sum(1 for r in self.requests.values() if r.sequences[0].lora_name == command.name)
@@ -233,6 +244,9 @@ class EngineCore:
         """Logits at every position of token_ids (or the last), computed from scratch (evaluation, tests),
         under LoRA adapter `lora_name` if given."""
         self.loras.check(lora_name)
+        if not self.loras.admit(lora_name, self._running_adapters()):
+            raise InvalidRequestError(f"every LoRA slot (max_loras) holds an adapter of a running request: score "
+                                      f"under {lora_name!r} once one finishes", param="lora_name")
         with self.scratch_blocks(token_ids) as block_tables:
             return self.executor.score(token_ids, block_tables, last_only, lora_name)
 

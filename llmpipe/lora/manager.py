@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Collection, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -93,6 +93,21 @@ class LoRAManager:
             self.slots[module_name].set(slot, factors)
         self.adapters[adapter.name], self.slot_of[adapter.name] = adapter, slot
         return slot
+
+    def make_resident(self, adapter: LoRAAdapter, in_use: Collection[str]) -> bool:
+        """adapter in a slot (a step may read it): already there, or in a free slot, or in the slot of the least
+        recently used adapter not `in_use` (which leaves; its factors stay with whoever read them). False where
+        every slot holds an adapter in use."""
+        if adapter.name in self.slot_of:
+            self.adapters[adapter.name] = self.adapters.pop(adapter.name)  # most recently used last
+            return True
+        if len(self.slot_of) >= self.max_loras:
+            victim = next((name for name in self.adapters if name not in in_use), None)
+            if victim is None:
+                return False
+            self.unload(victim)
+        self.add(adapter)
+        return True
 
     def unload(self, name: str) -> None:
         if self._in_step:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from typing import Callable
+from typing import Callable, Collection
 
 from llmpipe.engine.core_messages import CommandResult, LoRACommand
 from llmpipe.errors import InvalidRequestError, LLMPipeError
@@ -34,6 +34,9 @@ class AdapterNotFoundError(InvalidRequestError):
 class ServedAdapters:
     def __init__(self, manager: LoRAManager | None) -> None:
         self.manager = manager  # None: the engine runs without LoRA (enable_lora off)
+        # Every adapter loaded, read: more than the manager's slots (max_loras) may be; a slot is taken when a
+        # request under the adapter starts (admit), from the least recently used adapter no running request uses.
+        self.adapters: dict[str, LoRAAdapter] = {}
         self.digests: dict[str, str] = {}
         self.paths: dict[str, str] = {}
 
@@ -54,12 +57,14 @@ class ServedAdapters:
         manager = self._manager()
         if not path:
             raise InvalidRequestError("loading a LoRA adapter needs its path", param="lora_path")
-        manager.check_free(name)
+        self._check_new(name)
         return read_adapter(name, path, manager.targets)
 
     def add(self, adapter: LoRAAdapter, path: str) -> LoRAAdapter:
-        """An adapter read for this model into a free slot (between steps: no forward is using the slots)."""
-        self._manager().add(adapter)
+        """An adapter read for this model, served from now on (it takes a slot when a request under it starts)."""
+        self._manager()
+        self._check_new(adapter.name)
+        self.adapters[adapter.name] = adapter
         self.digests[adapter.name], self.paths[adapter.name] = content_digest(adapter), str(path)
         logger.info("LoRA adapter %r loaded from %s (rank %d)", adapter.name, path, adapter.rank)
         return adapter
@@ -70,8 +75,18 @@ class ServedAdapters:
         if requests_in_flight:
             raise InvalidRequestError(f"LoRA adapter {name!r} is in use by {requests_in_flight} request(s) in flight; "
                                       "unload it once they finish", param="lora_name")
-        self._manager().unload(name)
-        del self.digests[name], self.paths[name]
+        if name in self._manager().slot_of:
+            self._manager().unload(name)
+        del self.adapters[name], self.digests[name], self.paths[name]
+
+    def admit(self, name: str | None, in_use: Collection[str]) -> bool:
+        """Whether a request under `name` may start now: the base model always; an adapter once it holds a slot
+        (taken now if one is free or held by an adapter outside `in_use`, the running requests' adapters)."""
+        return name is None or self._manager().make_resident(self.adapters[name], in_use)
+
+    def _check_new(self, name: str) -> None:
+        if name in self.adapters:
+            raise InvalidRequestError(f"a LoRA adapter named {name!r} is already loaded", param="lora_name")
 
     def check(self, name: str | None) -> None:
         """InvalidRequestError unless `name` is None (the base model) or a loaded adapter."""

@@ -179,3 +179,25 @@ def test_lora_request_is_exported_as_vllm_spells_it():
     with pytest.raises(ValueError, match="lora_int_id"):
         LoRARequest("sql", 0, "/x")
     assert hf_model  # the helpers' model builder, used by the fixtures
+
+
+def test_more_adapters_than_slots_take_turns_and_each_equals_its_merged_model(lora_base, adapters, monkeypatch):
+    """max_loras 2 with three adapters loaded: one generate call under all three and the base completes, no step
+    mixes more than two adapters, and every output is its merged model's (slots reused, vLLM's --max-loras)."""
+    from llmpipe.lora.manager import LoRAManager
+
+    _, base = lora_base
+    mixed = []
+    original = LoRAManager.step
+    monkeypatch.setattr(LoRAManager, "step", lambda self, names, counts=None: mixed.append(
+        {n for n in names if n}) or original(self, names, counts))
+    names = ["all8", "qv4", None, "mlp16"]
+    with LLM(str(lora_base[0]), dtype="float32", max_loras=2, max_lora_rank=16, progress=False,
+             lora_modules=[f"{n}={adapters[n]}" for n in ("all8", "qv4", "mlp16")]) as llm:
+        assert sorted(llm.list_loras()) == ["all8", "mlp16", "qv4"]
+        params = SamplingParams(temperature=0.0, max_tokens=TOKENS, ignore_eos=True)
+        requests = [LoRARequest(n, i + 1, str(adapters[n])) if n else None for i, n in enumerate(names)]
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, lora_request=requests)
+    assert max(len(step) for step in mixed) == 2 and set().union(*mixed) == {"all8", "qv4", "mlp16"}
+    for prompt, name, output in zip(PROMPTS, names, outputs):
+        assert output.outputs[0].token_ids == greedy(merged(base, adapters[name] if name else None), prompt, TOKENS), name
