@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from llmpipe import LLM
 from llmpipe.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from llmpipe.lora import LoRAManager, peft_adapter
-from tests.lora.helpers import merged_logits, save_peft_adapter
+from tests.lora.helpers import hf_model, merged_logits, save_peft_adapter
+from tests.utils import build_checkpoint
 
 TOKENS = [1, 17, 250, 33, 91, 5, 160, 77, 300, 12, 64, 128, 3, 99]
 
@@ -161,3 +163,25 @@ def test_missing_files_and_pickles_are_refused_without_unpickling(lora_llm, good
     (no_weights / "adapter_model.bin").write_bytes(b"not a pickle llmpipe may open")
     assert "pickle" in refusal(lora_llm, no_weights, UnsupportedModelError)
     assert "no adapter_config.json" in refusal(lora_llm, tmp_path, ModelLoadError)
+
+
+FAMILIES = {  # a tiny checkpoint per family (Phi-3's own checkpoints fuse qkv and gate_up: PEFT targets them so)
+    "phi3": ("Phi3Config", dict(pad_token_id=0, num_attention_heads=4, num_key_value_heads=2),
+             ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]),
+    "qwen3": ("Qwen3Config", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32), None),
+    "mistral_window": ("MistralConfig", dict(num_attention_heads=4, num_key_value_heads=2, sliding_window=12), None),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_adapters_of_other_families_equal_peft_merged_model(family, tmp_path):
+    config, extra, targets = FAMILIES[family]
+    path = build_checkpoint(config, extra, tmp_path / "base")
+    base = hf_model(path)
+    adapter = save_peft_adapter(base, tmp_path / "adapter", seed=3, **({"targets": targets} if targets else {}))
+    with LLM(str(path), dtype="float32", progress=False) as llm:
+        manager = LoRAManager(llm.engine.model, max_loras=1, max_lora_rank=16)
+        manager.load("a", adapter)
+        with manager.step(["a"], [len(TOKENS)]):
+            logits = llm.engine.core.score(TOKENS)
+    torch.testing.assert_close(logits, merged_logits(base, adapter, TOKENS), atol=1e-4, rtol=0)
