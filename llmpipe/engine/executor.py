@@ -13,6 +13,7 @@ import torch
 
 from llmpipe.config import EngineConfig
 from llmpipe.kv_cache.kinds import BlockTable
+from llmpipe.engine.block_manager import BlockTransfer
 from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import SchedulerOutput
@@ -88,7 +89,7 @@ class Executor:
             return self.runner.score(token_ids, block_tables, last_only, lora_name=lora_name)
         return self.runner.score(token_ids, block_tables, last_only)
 
-    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, copies: list[BlockTransfer]) -> None:
         self.runner.copy_blocks(copies)
 
     @property

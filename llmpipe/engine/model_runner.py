@@ -18,6 +18,7 @@ from llmpipe.kv_cache.kinds import BlockTable, GroupBatch
 from llmpipe.engine.kv_pool import kv_cache_class
 from llmpipe.kv_cache.layout import KVCacheLayout
 from llmpipe.kv_cache.offload_tier import LoadBlock, OffloadTier, SaveBlock
+from llmpipe.engine.block_manager import BlockTransfer
 from llmpipe.engine.scheduler import SchedulerOutput
 from llmpipe.quant.linear import decode_numerics
 from llmpipe.lora.manager import LoRAManager
@@ -60,7 +61,7 @@ class Runner(Protocol):
 
     def score(self, token_ids: list[int], block_tables: list[BlockTable], last_only: bool = False) -> torch.Tensor: ...
 
-    def copy_blocks(self, copies: list) -> None:
+    def copy_blocks(self, copies: list[BlockTransfer]) -> None:
         """Block copies (source, destination) and offload-tier transfers, in order, before anything writes the
         cache again."""
 
@@ -94,7 +95,7 @@ class ModelRunner:
                 return RunnerOutput(hidden.new_empty(0, self.config.model_config.vocab_size), pooled)
             return RunnerOutput(self.model.compute_logits(hidden[inputs.logit_rows]), pooled)
 
-    def copy_blocks(self, copies: list) -> None:
+    def copy_blocks(self, copies: list[BlockTransfer]) -> None:
         """The block copies the scheduler queued (prefix hits inside a block, forked samples) and the offload
         tier's saves and loads, in order, before any write."""
         for op in copies:
@@ -108,13 +109,13 @@ class ModelRunner:
     def lora_step(self, batch: SchedulerOutput) -> ContextManager:
         """The forward's LoRA context: each row's adapter, in prepare_inputs' row order (decodes with their
         drafts, pooling rows, prefill chunks); nothing at all for a step without adapter rows."""
-        if self.lora is None or not (any(seq.lora_name for seq in batch.decodes)
-                                     or any(seq.lora_name for seq in batch.pooling_rows)
-                                     or any(item.seq.lora_name for item in batch.prefills)):
+        if self.lora is None:
             return nullcontext()
-        names = [seq.lora_name for seq in batch.decodes] + [seq.lora_name for seq in batch.pooling_rows]
-        counts = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in batch.decodes] + list(batch.pooling_rows.values())
+        names = [seq.lora_name for seq in (*batch.decodes, *batch.pooling_rows)]
         names += [item.seq.lora_name for item in batch.prefills]
+        if not any(names):
+            return nullcontext()
+        counts = [1 + len(batch.draft_token_ids.get(seq, ())) for seq in batch.decodes] + list(batch.pooling_rows.values())
         counts += [item.num_tokens for item in batch.prefills]
         return self.lora.step(names, counts)
 

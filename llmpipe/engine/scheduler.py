@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from llmpipe.engine.block_manager import BlockManager
+from llmpipe.engine.block_manager import BlockTransfer, BlockManager
 from llmpipe.engine.sequence import Sequence, SequenceStatus
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class SchedulerOutput:
     forks: dict[Sequence, list[Sequence]] = field(default_factory=dict)
     # Block copies (source, destination) the runner makes before the forward: a prefix hit ending
     # inside a block, a forked sample's partial last block.
-    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    block_copies: list[BlockTransfer] = field(default_factory=list)  # copies and offload-tier transfers, in order
     # Waiting sequences passed over because they were not ready (their grammars still compiling).
     num_held: int = 0
     # Pooling requests' prompt tokens fed as decode rows beside running decodes (a token each, from

@@ -20,7 +20,8 @@ from llmpipe.errors import InvalidRequestError, UnsupportedModelError
 from llmpipe.files import read_json
 from llmpipe.models.bert.config import BertConfig
 from llmpipe.models.bert.model import BertModel
-from llmpipe.models.gemma3.encoder import Gemma3Encoder, Gemma3EncoderConfig
+from llmpipe.loader.hf_config import hf_model_config
+from llmpipe.models.gemma3.encoder import Gemma3Encoder, encoder_config
 from llmpipe.pooling.checkpoint import load_tensors, read_tensors
 from llmpipe.pooling.inputs import Truncator, check_ids, load_tokenizer, max_input_length, right_padded
 from llmpipe.pooling.pipeline import SentencePipeline, read_pipeline
@@ -92,7 +93,7 @@ def _body(cfg: dict[str, Any], directory: Path) -> tuple[nn.Module, int, int, in
         load_tensors(body, tensors, directory, _bert_embedding_name)
         return body, bert.vocab_size, bert.hidden_size, bert.max_position_embeddings
     if cfg.get("model_type") == "gemma3_text":
-        gemma = Gemma3EncoderConfig.from_json(cfg, directory)
+        gemma = encoder_config(cfg, hf_model_config(directory), directory)
         body = Gemma3Encoder(gemma)
         load_tensors(body, tensors, directory, lambda name: name.removeprefix("model."))
         return body, gemma.vocab_size, gemma.hidden_size, gemma.max_position_embeddings

@@ -36,7 +36,7 @@ from llmpipe.server.anthropic_protocol import CountTokensRequest, MessagesReques
 from llmpipe.server.input_processor import InputProcessor, parse_body, validate_body
 from llmpipe.server.protocol import ChatCompletionRequest, FunctionTool
 from llmpipe.server.responses import chat_error
-from llmpipe.server.sse import sse_json
+from llmpipe.server.sse import sse_json, translated
 
 PATH = "/v1/messages"  # and /v1/messages/count_tokens
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -183,14 +183,7 @@ class MessageShape:
         """Chat completion chunks → Anthropic's stream events, as SSE."""
         yield event("message_start", message=self.message([], (None, None), {"input_tokens": self.input_tokens,
                                                                              "output_tokens": 0}))
-        stream = _EventStream()
-        async for chunk in chunks:
-            if "error" in chunk:  # the engine failed the request, or the server is shutting down
-                yield event("error", error=stream_error(chunk["error"]))
-                return
-            for text in stream.take(chunk):
-                yield text
-        for text in stream.close():
+        async for text in translated(chunks, _EventStream(), lambda error: event("error", error=stream_error(error))):
             yield text
 
 

@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator
 
 from llmpipe.errors import InvalidRequestError
 from llmpipe.server.protocol import ResponsesRequest
-from llmpipe.server.sse import sse_json
+from llmpipe.server.sse import sse_json, translated
 
 CHAT_PARAMS = {"max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens", "messages": "input",
                "response_format": "text.format", "top_logprobs": "top_logprobs"}
@@ -95,14 +95,8 @@ class ResponseShape:
         stream = _EventStream(self)
         yield stream.event("response.created", response=self._response([], None, None))
         yield stream.event("response.in_progress", response=self._response([], None, None))
-        async for chunk in chunks:
-            if "error" in chunk:
-                error = chunk["error"]
-                yield stream.event("error", code=error.get("code"), message=error.get("message"), param=error.get("param"))
-                return
-            for text in stream.take(chunk):
-                yield text
-        for text in stream.close():
+        error = lambda e: stream.event("error", code=e.get("code"), message=e.get("message"), param=e.get("param"))  # noqa: E731
+        async for text in translated(chunks, stream, error):
             yield text
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, AsyncIterator, Callable, Iterable, Protocol
 
 # json.dumps escapes every C0 control (\n, \r, \x1c…) but leaves NEL, LINE SEPARATOR and PARAGRAPH
 # SEPARATOR raw; clients that split lines as str.splitlines does (httpx's iter_lines among them) would
@@ -22,3 +22,25 @@ def sse_lines(buffer: str, text: str) -> tuple[list[str], str]:
     those also split at NEL and U+2028 / U+2029, characters another server's events may hold raw."""
     *lines, rest = re.split(r"\r\n|\r|\n", buffer + text)
     return lines, rest
+
+
+class ChunkTranslator(Protocol):
+    """One stream's state as chat completion chunks become another API's events (Responses, Anthropic Messages)."""
+
+    def take(self, chunk: dict) -> Iterable[str]: ...
+
+    def close(self) -> Iterable[str]: ...
+
+
+async def translated(chunks: AsyncIterator[dict], stream: ChunkTranslator,
+                     on_error: Callable[[dict], str]) -> AsyncIterator[str]:
+    """chunks through `stream`, as SSE; a chunk carrying an error (the engine failed the request, or the server is
+    shutting down) ends it with on_error(error) instead of the stream's close."""
+    async for chunk in chunks:
+        if "error" in chunk:
+            yield on_error(chunk["error"])
+            return
+        for text in stream.take(chunk):
+            yield text
+    for text in stream.close():
+        yield text

@@ -11,7 +11,7 @@ an exclusive bound, `|q - k| < sliding_window // 2 + 1`). Parameter names are Ge
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,65 +19,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
-from llmpipe.models.gemma3.config import gemma3_hf_fields
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 ACTIVATION = "gelu_pytorch_tanh"
 
 
-@dataclass(frozen=True)
-class Gemma3EncoderConfig:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    attention_bias: bool
-    layer_types: tuple[str, ...]
-    sliding_window: int  # as config.json spells it: a sliding layer sees sliding_window // 2 each way
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None
-    rope_local_theta: float
-    query_pre_attn_scalar: float
-
-    @classmethod
-    def from_json(cls, cfg: dict[str, Any], path: Path) -> Gemma3EncoderConfig:
-        if cfg.get("model_type") != "gemma3_text" or not cfg.get("use_bidirectional_attention"):
-            raise UnsupportedModelError(f"{path}: not a bidirectional Gemma 3 (gemma3_text with use_bidirectional_attention)")
-        if cfg.get("hidden_activation", ACTIVATION) != ACTIVATION:
-            raise UnsupportedModelError(f"{path}: hidden_activation {cfg['hidden_activation']!r} is not supported ({ACTIVATION})")
-        fields = gemma3_hf_fields(cfg, path)  # refuses attention logit soft-capping
-        if set(fields["layer_types"]) - {SLIDING, FULL}:
-            raise UnsupportedModelError(f"{path}: layer_types {sorted(set(fields['layer_types']))} (known: {SLIDING}, {FULL})")
-        return cls(
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=int(cfg["hidden_size"]),
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_hidden_layers=int(cfg["num_hidden_layers"]),
-            num_attention_heads=int(cfg["num_attention_heads"]),
-            num_key_value_heads=int(cfg["num_key_value_heads"]),
-            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg["max_position_embeddings"]),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            layer_types=fields["layer_types"],
-            sliding_window=int(cfg.get("sliding_window", 4096)),  # Gemma3TextConfig's default
-            rope_theta=fields["rope_theta"],
-            rope_scaling=fields["rope_scaling"],
-            rope_local_theta=fields["rope_local_theta"],
-            query_pre_attn_scalar=fields["query_pre_attn_scalar"],
-        )
+def encoder_config(cfg: dict[str, Any], config: ModelConfig, path: Path) -> ModelConfig:
+    """The encoder's config: the checkpoint's ModelConfig, read as for the decoder (loader/hf_config.py: the same
+    fields, soft-capping refused there), once what the encoder does not run is refused. `cfg`: its config.json."""
+    if cfg.get("model_type") != "gemma3_text" or not cfg.get("use_bidirectional_attention"):
+        raise UnsupportedModelError(f"{path}: not a bidirectional Gemma 3 (gemma3_text with use_bidirectional_attention)")
+    if cfg.get("hidden_activation", ACTIVATION) != ACTIVATION:
+        raise UnsupportedModelError(f"{path}: hidden_activation {cfg['hidden_activation']!r} is not supported ({ACTIVATION})")
+    if set(config.layer_types or ()) - {SLIDING, FULL}:
+        raise UnsupportedModelError(f"{path}: layer_types {sorted(set(config.layer_types or ()))} (known: {SLIDING}, {FULL})")
+    return replace(config, sliding_window=config.sliding_window or 4096)  # Gemma3TextConfig's default
 
 
 class Gemma3BidirectionalAttention(nn.Module):
-    def __init__(self, cfg: Gemma3EncoderConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
@@ -100,7 +64,7 @@ class Gemma3BidirectionalAttention(nn.Module):
 
 
 class Gemma3MLP(nn.Module):
-    def __init__(self, cfg: Gemma3EncoderConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -111,7 +75,7 @@ class Gemma3MLP(nn.Module):
 
 
 class Gemma3EncoderLayer(nn.Module):
-    def __init__(self, cfg: Gemma3EncoderConfig, layer: int):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)  # noqa: E731
         self.input_layernorm, self.post_attention_layernorm = norm(), norm()
@@ -128,7 +92,7 @@ class Gemma3EncoderLayer(nn.Module):
 class Gemma3Encoder(nn.Module):
     """Token ids [B, T] → hidden states [B, T, H] after the final norm; padded positions hold values no one should read."""
 
-    def __init__(self, cfg: Gemma3EncoderConfig):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Gemma3EncoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
