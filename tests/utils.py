@@ -20,6 +20,13 @@ TINY_COMMON = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+# Qwen3.5's linear-attention and attention shapes on three layers (linear, full, linear) and the hybrids' experts.
+QWEN35_HYBRID = dict(num_hidden_layers=3, layer_types=["linear_attention", "full_attention", "linear_attention"],
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+                     linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+TINY_HYBRID_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=48, shared_expert_intermediate_size=80)
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 TINY_CONFIGS: dict[str, tuple[str, dict]] = {
     "llama_gqa": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)),
     "llama_mha": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)),
@@ -75,6 +82,11 @@ TINY_CONFIGS: dict[str, tuple[str, dict]] = {
              linear_value_head_dim=24, linear_conv_kernel_dim=4,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
     ),
+    # Qwen3.5's layers (a Gated DeltaNet, the gated full attention, another Gated DeltaNet) with a mixture of 8
+    # experts, 2 a token, and a sigmoid-gated shared expert in place of every MLP.
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(**QWEN35_HYBRID, **TINY_HYBRID_MOE)),
+    # The same as Qwen3-Next: fused linear-layer projections; layer 2's MLP dense (mlp_only_layers).
+    "qwen3_next": ("Qwen3NextConfig", dict(**QWEN35_HYBRID, **TINY_HYBRID_MOE, mlp_only_layers=[2])),
 }
 
 
@@ -100,7 +112,7 @@ def build_checkpoint(class_name: str, extra: dict, out_dir: Path) -> Path:
                 param.normal_(0.0, 0.2)
             elif config.model_type == "gpt_oss" and not name.endswith("norm.weight"):  # biases and sinks, near zero at init
                 param.normal_(0.0, 0.2)
-            elif config.model_type == "qwen3_5_text":  # zero-centred norms (0 at init), dt_bias and gated norms (1), A_log
+            elif config.model_type in HYBRID_MODEL_TYPES:  # zero-centred norms (0 at init), dt_bias and gated norms (1), A_log
                 param.add_(torch.randn_like(param), alpha=0.2)
     model.save_pretrained(out_dir)
     save_tiny_tokenizer(out_dir, TINY_COMMON["vocab_size"])
@@ -190,7 +202,10 @@ def reference_state_dict(model) -> dict[str, torch.Tensor]:
     if model.config.model_type == "gpt_oss":
         return gpt_oss_expert_slices(model.state_dict())
     state = {}
-    for name, tensor in model.state_dict().items():
+    tensors = model.state_dict()
+    if model.config.model_type == "qwen3_next":
+        tensors = split_fused_projections(tensors, model.config)
+    for name, tensor in tensors.items():
         if name == "lm_head.weight" and model.config.tie_word_embeddings:
             continue
         if name.endswith("mlp.experts.gate_up_proj"):
@@ -202,6 +217,24 @@ def reference_state_dict(model) -> dict[str, torch.Tensor]:
         else:
             state[name] = tensor
     return state
+
+
+def split_fused_projections(state: dict[str, torch.Tensor], config, fused: tuple[str, ...] = ("qkvz", "ba")) -> dict:
+    """Qwen3-Next's in_proj_qkvz / in_proj_ba (rows per key head: [q | k | v | z], [b | a]) as Qwen3.5's in_proj_qkv
+    (all q, all k, all v), in_proj_z, in_proj_b and in_proj_a, which llmpipe loads them as."""
+    heads, per_key = config.linear_num_key_heads, config.linear_num_value_heads // config.linear_num_key_heads
+    sizes = {"qkvz": [config.linear_key_head_dim] * 2 + [per_key * config.linear_value_head_dim] * 2, "ba": [per_key] * 2}
+    split = {}
+    for name, t in state.items():
+        kind = name.rpartition(".in_proj_")[2].removesuffix(".weight")
+        if ".linear_attn.in_proj_" not in name or kind not in fused:
+            split[name] = t
+            continue
+        parts = [p.reshape(-1, t.shape[1]) for p in t.view(heads, -1, t.shape[1]).split(sizes[kind], 1)]
+        prefix = name.removesuffix(f"{kind}.weight")
+        named = {"qkv": torch.cat(parts[:3]), "z": parts[3]} if kind == "qkvz" else dict(zip("ba", parts))
+        split |= {f"{prefix}{part}.weight": p for part, p in named.items()}
+    return split
 
 
 def gpt_oss_expert_slices(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

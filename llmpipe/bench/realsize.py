@@ -29,6 +29,7 @@ from typing import Any
 from llmpipe.bench import peers
 from llmpipe.bench.realsize_checkpoint import SHAPES, Shape, write_checkpoint
 from llmpipe.bench.report import write_json
+from llmpipe.config import ACTIVATION_QUANTIZATIONS
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ PREFILL_TOKENS = 512
 REPETITIONS = 3  # llama-bench's default -r is 5; the best of 3 of each engine
 BATCH, BATCH_INPUT, BATCH_OUTPUT = 16, 128, 128
 GiB = 2**30
+DEFAULT_ACTIVATIONS = "auto"
+ACTIVATIONS = tuple(a for a in ACTIVATION_QUANTIZATIONS if a)  # float activations (None) are not on this table
 
 # llama.cpp's converter run with its source tree's packages and a fixed pre-tokenizer name (it
 # recognises tokenizers by hashing their output on real text, which a synthetic vocabulary cannot
@@ -152,13 +155,15 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> Finis
 
 
 def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str],
-                  prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS) -> dict[str, Any]:
+                  prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
+                  activations: str = DEFAULT_ACTIVATIONS) -> dict[str, Any]:
     """In a fresh process: load (load_memory's timing and RSS), then the latency and throughput
     benches' own measurements of batch-1 decode, prefill and a batch."""
     from llmpipe.bench import latency, load_memory, throughput
     from llmpipe.bench.report import random_prompt
 
-    llm, result = load_memory.measure_load(path, kv_cache_memory, num_threads=threads)
+    llm, result = load_memory.measure_load(path, kv_cache_memory, num_threads=threads,
+                                           activation_quantization=activations)
     vocab = llm.engine.config.model_config.vocab_size
     # Ready = loaded and one prompt evaluated, as llama.cpp's load time (to the end of its first eval): a weight
     # that is a view of the file's mapping would otherwise leave page faults to the first step.
@@ -180,10 +185,11 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
 
 
 def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
-                prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS) -> dict[str, Any]:
+                prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
+                activations: str = DEFAULT_ACTIVATIONS) -> dict[str, Any]:
     command = [sys.executable, "-m", "llmpipe.bench.realsize", "--child", str(gguf), "--kv-cache-memory",
                kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens),
-               "--repetitions", str(repetitions), "--skip", *skip]
+               "--repetitions", str(repetitions), "--activations", activations, "--skip", *skip]
     done = run_measured(command)
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
@@ -232,7 +238,8 @@ def run_llama_cpp(gguf: Path, threads: int, skip: list[str], prefill_tokens: int
 # ---- one row: both engines on one file ------------------------------------------------------
 
 
-def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) -> dict[str, Any]:
+def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) -> list[dict[str, Any]]:
+    """One row per llmpipe activation numerics (args.activations), each against the one llama.cpp run."""
     # A hybrid's pool gives half to its states (50 MiB a sequence for Qwen3.5-9B): 2 GiB runs the 16 sequences at once.
     kv = args.kv_cache_memory or ("256MiB" if model == "llama-3.2-1b" else "2GiB" if SHAPES[model].hybrid else "1GiB")
     file_bytes = gguf.stat().st_size
@@ -241,10 +248,13 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
                            "bytes_per_token": bytes_per_token(gguf),
                            "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
-    row["llmpipe"] = run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions)
-    row["llama.cpp"] = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens, args.repetitions)
-    add_ratios(row, bandwidth)
-    return row
+    ours = {act: run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions, act)
+            for act in args.activations}
+    theirs = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens, args.repetitions)
+    rows = [{**row, "activations": act, "llmpipe": result, "llama.cpp": theirs} for act, result in ours.items()]
+    for each in rows:
+        add_ratios(each, bandwidth)
+    return rows
 
 
 def bytes_per_token(gguf: Path) -> int:
@@ -307,13 +317,19 @@ def _roofline_cell(row: dict[str, Any]) -> str:
     return " / ".join("-" if s is None else f"{s:.0%}" for s in shares)
 
 
+def _label(row: dict[str, Any]) -> str:
+    """The model, and llmpipe's activation numerics where not the default."""
+    act = row.get("activations", DEFAULT_ACTIVATIONS)
+    return row["model"] + ("" if act == DEFAULT_ACTIVATIONS else f" ({act} activations)")
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per (model, type): llmpipe / llama.cpp (llmpipe ÷ llama.cpp) for each figure."""
     head = ["model", "type", "GiB", "load s", "peak RSS GiB", f"tg{DECODE_TOKENS} tok/s", "tg of roofline",
             "pp tok/s (prompt tokens)", f"batched {BATCH}×{BATCH_INPUT}/{BATCH_OUTPUT} tok/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["model"], row["type"], f"{row['file_bytes'] / GiB:.2f}", _cell(row, "load_s"),
+        cells = [_label(row), row["type"], f"{row['file_bytes'] / GiB:.2f}", _cell(row, "load_s"),
                  _cell(row, "peak_rss", GiB, "{:.2f}"), _cell(row, "tg"), _roofline_cell(row),
                  f"{_cell(row, 'pp')} ({row.get('prefill_tokens', PREFILL_TOKENS)})",
                  _cell(row, "batched")]
@@ -322,16 +338,19 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         for engine in ("llmpipe", "llama.cpp"):
             if "error" in row[engine]:
-                lines.append(f"{row['model']} {row['type']} {engine}: {row[engine]['error']}")
+                lines.append(f"{_label(row)} {row['type']} {engine}: {row[engine]['error']}")
     return "\n".join(lines)
 
 
 def merged(path: Path, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """This run's rows, then an earlier file's rows of other (model, type) pairs (a run of one model
+    """This run's rows, then an earlier file's rows of other (model, type, activations) (a run of one model
     keeps the others' figures)."""
-    done = {(r["model"], r["type"]) for r in rows}
+    def key(r: dict[str, Any]) -> tuple[str, str, str]:
+        return r["model"], r["type"], r.get("activations", DEFAULT_ACTIVATIONS)
+
+    done = {key(r) for r in rows}
     earlier = json.loads(path.read_text()).get("results", []) if path.exists() else []
-    return rows + [r for r in earlier if (r["model"], r["type"]) not in done]
+    return rows + [r for r in earlier if key(r) not in done]
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> Path:
@@ -347,7 +366,7 @@ def plot(rows: list[dict[str, Any]], path: str) -> Path:
         ax.bar([j + i * width for j in range(len(rows))], [r["ratios"].get(key, 0) for r in rows], width, label=key)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log")  # 2x and 0.5x the same distance from parity
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{r['model']}\n{r['type']}" for r in rows])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{_label(r)}\n{r['type']}" for r in rows])
     ax.set_ylabel("llmpipe / llama.cpp")
     ax.legend(fontsize="small")
     fig.tight_layout()
@@ -405,8 +424,10 @@ def bench_model(model: str, paths: dict[str, Path], args: Any, bandwidth: float)
 
     rows = []
     for qtype, path in tqdm(paths.items(), desc=f"bench realsize {model}", unit="file"):
-        rows.append(bench_file(model, qtype, path, args, bandwidth))
-        tqdm.write(markdown_table(rows[-1:]).splitlines()[2])  # each row as it is measured
+        measured = bench_file(model, qtype, path, args, bandwidth)
+        rows += measured
+        for line in markdown_table(measured).splitlines()[2 : 2 + len(measured)]:
+            tqdm.write(line)  # each row as it is measured
     print(markdown_table(rows), flush=True)
     return rows
 
@@ -431,6 +452,9 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--repetitions", type=int, default=REPETITIONS,
                         help=f"prefills each engine times, the best kept (llama-bench's -r; default {REPETITIONS})")
     parser.add_argument("--threads", type=int, default=2, help="threads of each engine")
+    parser.add_argument("--activations", nargs="+", choices=ACTIVATIONS, default=[DEFAULT_ACTIVATIONS],
+                        help="llmpipe's activation numerics, a row each against one llama.cpp run (int8: llama.cpp's "
+                        "own, blocks of int8 codes; auto: llmpipe's default)")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="llmpipe's KV pool (default 1GiB; 256MiB for the 1B, 2GiB for a hybrid)")
     parser.add_argument("--cache", default=str(CACHE), help="where the GGUFs are kept")
@@ -453,6 +477,7 @@ if __name__ == "__main__":
     parser.add_argument("--skip", nargs="*", default=[])
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parser.add_argument("--repetitions", type=int, default=REPETITIONS)
+    parser.add_argument("--activations", default=DEFAULT_ACTIVATIONS)
     parsed = parser.parse_args()
     print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip,
-                                   parsed.prefill_tokens, parsed.repetitions)))
+                                   parsed.prefill_tokens, parsed.repetitions, parsed.activations)))

@@ -91,6 +91,13 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     return v.new_empty(v.shape, dtype=torch.float32)
 
 
+@torch.library.register_fake("llmpipe::gated_delta_decode")
+def gated_delta_decode(proj: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor | None, A_log: torch.Tensor,
+                       dt_bias: torch.Tensor, norm_weight: torch.Tensor, conv_state: torch.Tensor, ssm: torch.Tensor,
+                       slots: torch.Tensor, k_heads: int, eps: float, tiled: bool) -> torch.Tensor:
+    return proj.new_empty(proj.shape[0], ssm.shape[1] * ssm.shape[3], dtype=torch.float32)
+
+
 @torch.library.register_fake("llmpipe::greedy_argmax")
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.new_empty(logits.shape[0], dtype=torch.int64)

@@ -24,6 +24,7 @@ CHUNK = 32  # K (padded) and group sizes are multiples of this (INT8 also takes 
 HALF_GROUP = 16  # INT8 groups of half a chunk: GGUF Q6_K's sub-blocks
 DOT_BLOCK = 32  # activation elements sharing one scale
 ACTIVATION_BITS = (8, 16)  # what the integer-dot kernels quantize activations to
+GATED_DELTA_MAX_V_DIM = 1024  # csrc/gated_delta.c's MAX_V_DIM
 LEVELS = {8: 127, 16: 16256}  # |code| bound per bits (csrc Q8_LEVELS, Q16_LEVELS: 16 bits held as two int8 planes)
 
 
@@ -229,6 +230,16 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """One Gated DeltaNet decode token per row, on the pool's states state[slots] in place (kernels/csrc/gated_delta.c;
     layers/gated_delta.py's gated_delta_step is the reference)."""
     return _library().gated_delta_step(q, k, v, g, beta, state, slots)
+
+
+def gated_delta_decode(proj: torch.Tensor, conv_weight: torch.Tensor, conv_bias: torch.Tensor | None, A_log: torch.Tensor,
+                       dt_bias: torch.Tensor, norm_weight: torch.Tensor, conv_state: torch.Tensor, ssm: torch.Tensor,
+                       slots: torch.Tensor, k_heads: int, eps: float, tiled: bool) -> torch.Tensor:
+    """A Gated DeltaNet layer's mixer for decode rows, between in_proj and out_proj: proj [rows, qkv | z | b | a]
+    → [rows, v_heads * v_dim], the conv and SSM states of the pool's slots updated in place (kernels/csrc/gated_delta.c;
+    models/qwen3_5/model.py's layer-by-layer path is the reference)."""
+    return _library().gated_delta_decode(proj, conv_weight, conv_bias, A_log, dt_bias, norm_weight, conv_state, ssm,
+                                         slots, k_heads, eps, tiled)
 
 
 def greedy_argmax(logits: torch.Tensor) -> torch.Tensor:

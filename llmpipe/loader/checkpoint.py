@@ -112,7 +112,8 @@ def _collector_paused() -> Iterator[None]:
 def _open_hf_dir(directory: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]:
     config = hf_model_config(directory)
     quant = hf_quantization_config(directory)  # GPTQ / AWQ: quantized linears read as Int4Weight; gpt-oss's MXFP4
-    source = registry.family_of(config.architecture).hf_weights(directory, quant)
+    family = registry.family_of(config.architecture)
+    source = family.adapt_weights(family.hf_weights(directory, quant), config)
     if is_body_only(source):
         source, config = BodyWeights(source), replace(config, tie_word_embeddings=True, embedding_only=True)
     if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
@@ -151,6 +152,7 @@ def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]
     reader = open_gguf(path)
     config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
     source = GGUFWeights(reader, path, registry.gguf_architecture(config.architecture, path), config)
+    source = registry.family_of(config.architecture).adapt_weights(source, config)
     from llmpipe.tokenizer.gguf_tokenizer import load_gguf_tokenizer  # deferred, as load_hf_tokenizer
 
     tokenizer = load_gguf_tokenizer(reader) if reader.get_field("tokenizer.ggml.tokens") is not None else None

@@ -33,7 +33,8 @@ def gguf_model_config(reader: GGUFReader, path: Path) -> ModelConfig:
         architecture=arch,
         vocab_size=_vocab_size(reader, path, arch),
         hidden_size=hidden,
-        intermediate_size=int(hp("feed_forward_length")),
+        # a mixture of experts without dense layers may give only its experts' (qwen35moe)
+        intermediate_size=int(hp("feed_forward_length", None) or hp("expert_feed_forward_length")),
         num_hidden_layers=int(hp("block_count")),
         num_attention_heads=heads,
         num_key_value_heads=int(hp("attention.head_count_kv", heads)),

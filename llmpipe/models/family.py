@@ -62,6 +62,11 @@ class ModelFamily:
             raise UnsupportedModelError(f"{directory}: {quant.method} checkpoints of {self.name} models are not supported")
         return QuantizedSafetensorsWeights(directory, quant)
 
+    def adapt_weights(self, source: WeightSource, config: ModelConfig) -> WeightSource:
+        """A checkpoint's tensors (Hugging Face directory or GGUF) under the names and row layout the model loads,
+        where the family's checkpoints differ from it in ways only the config tells (Qwen3-Next's fused projections)."""
+        return source
+
     def hf_config_fields(self, config: ModelConfig) -> dict[str, Any]:
         """The family's own entries of the config.json that hf_config_dict writes."""
         return {}

@@ -14,7 +14,9 @@ from llmpipe.models.gpt_oss import GPT_OSS
 from llmpipe.models.llama import LLAMA
 from llmpipe.models.phi3 import PHI3
 from llmpipe.models.qwen3_5 import QWEN3_5
+from llmpipe.models.qwen3_5_moe import QWEN3_5_MOE
 from llmpipe.models.qwen3_moe import QWEN3_MOE
+from llmpipe.models.qwen3_next import QWEN3_NEXT
 
 FAMILIES: tuple[ModelFamily, ...] = (
     LLAMA,
@@ -24,6 +26,8 @@ FAMILIES: tuple[ModelFamily, ...] = (
     QWEN3_MOE,
     GPT_OSS,
     QWEN3_5,
+    QWEN3_5_MOE,
+    QWEN3_NEXT,
 )
 
 T = TypeVar("T")

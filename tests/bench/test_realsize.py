@@ -5,6 +5,7 @@ no llama.cpp build)."""
 from __future__ import annotations
 
 import dataclasses
+import argparse
 import json
 import stat
 import sys
@@ -172,3 +173,20 @@ def test_the_table_puts_the_engines_side_by_side_with_ratios_and_roofline(tmp_pa
     earlier = tmp_path / "realsize.json"
     earlier.write_text(json.dumps({"results": [dict(row, type="Q4_K_M"), dict(row, note="old")]}))
     assert [(r["type"], r.get("note")) for r in realsize.merged(earlier, [row])] == [("Q8_0", None), ("Q4_K_M", None)]
+
+
+def test_each_activation_numerics_gets_a_row_against_one_llama_cpp_run(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * 1000)
+    calls = []
+    monkeypatch.setattr(realsize, "bytes_per_token", lambda path: 1000)
+    monkeypatch.setattr(realsize, "run_llmpipe", lambda *a: calls.append(a[-1]) or {"tg": {"auto": 9.0, "int8": 12.0}[a[-1]]})
+    monkeypatch.setattr(realsize, "run_llama_cpp", lambda *a: calls.append("llama.cpp") or {"tg": 10.0})
+    args = argparse.Namespace(kv_cache_memory="1GiB", prefill_tokens=512, threads=2, skip=[], repetitions=1,
+                              activations=["auto", "int8"])
+    rows = realsize.bench_file("llama-3.2-1b", "Q4_K_M", gguf, args, bandwidth=1e9)
+    assert calls == ["auto", "int8", "llama.cpp"]
+    assert [(r["activations"], r["ratios"]["tg"]) for r in rows] == [("auto", 0.9), ("int8", 1.2)]
+    table = realsize.markdown_table(rows)
+    assert "| llama-3.2-1b | Q4_K_M |" in table and "| llama-3.2-1b (int8 activations) | Q4_K_M |" in table
+    assert [r["activations"] for r in realsize.merged(tmp_path / "none.json", rows)] == ["auto", "int8"]

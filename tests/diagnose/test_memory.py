@@ -191,10 +191,30 @@ def test_a_hybrid_counts_its_states_once_per_sequence_against_a_dense_model():
     assert at_32k.dense_bytes == 4 * 32768 * plan.kv_bytes_per_token and at_32k.ratio <= 0.3
 
 
-def test_a_hybrids_plan_is_what_the_engine_holds_for_a_sequence(tiny_checkpoint):
-    """The plan's per-sequence bytes (K/V in whole blocks, and the states) as the engine's own accounting gives them."""
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+def test_a_hybrids_plan_is_what_the_engine_holds_for_a_sequence(tiny_checkpoint, name):
+    """The plan's per-sequence bytes (K/V in whole blocks, and the states) and its weights as the engine's own
+    accounting gives them."""
     from llmpipe.llm import LLM
 
-    llm = LLM(str(tiny_checkpoint("qwen3_5")), progress=False, block_size=16)
+    llm = LLM(str(tiny_checkpoint(name)), progress=False, block_size=16)
     plan = plan_memory(llm.engine.config.model_config, "tiny", context=300)
-    assert plan.kv_bytes_per_sequence == llm.engine.kv_bytes_per_sequence(300)
+    assert plan.state_bytes_per_sequence > 0 and plan.kv_bytes_per_sequence == llm.engine.kv_bytes_per_sequence(300)
+    assert weight_bytes(llm.engine.config.model_config, "float32").resident == llm.engine.weight_bytes
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe", "qwen3_next"])
+def test_a_hybrid_mixture_of_experts_reads_its_routed_experts_only(tiny_checkpoint, name):
+    """Its parameters as transformers counts them; a token reads 2 of each sparse layer's 8 experts, all else."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmpipe.loader.hf_config import hf_model_config
+
+    path = tiny_checkpoint(name)
+    cfg = hf_model_config(path)
+    with torch.device("meta"):
+        expected = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).parameters())
+    weights = weight_bytes(cfg, "float32")
+    experts = sum(cfg.extra.moe.sparse_layers) * 8 * 3 * 48 * 64
+    embedding = cfg.vocab_size * cfg.hidden_size
+    assert weights.params == expected and weights.active_params == expected - embedding - experts + experts * 2 // 8

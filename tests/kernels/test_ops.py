@@ -19,6 +19,7 @@ WRITES = {  # op → the arguments it writes in place
     "q5_0_unpack": set(), "ggml_linear_dot": set(), "ggml_segments_dot": set(), "has_amx": set(), "greedy_argmax": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
     "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
+    "gated_delta_step": {"state"}, "gated_delta_decode": {"conv_state", "ssm"},
 }
 N, K, GROUP = 48, 64, 32
 
@@ -60,6 +61,13 @@ def rope_args() -> tuple:
             torch.tensor([9, 30]), a["block_tables"], a["lens"], 6, 0.25, None)
 
 
+def gated_delta_decode_args() -> tuple:
+    """Two decode rows of a mixer with 2 key heads, 4 value heads of 8, kernel 4, in a pool of 3 states."""
+    channels, value = 2 * 2 * 8 + 4 * 8, 4 * 8
+    return (torch.randn(2, channels + value + 2 * 4), torch.randn(channels, 4), None, torch.randn(4), torch.randn(4),
+            torch.ones(8), torch.randn(3, channels, 3), torch.randn(3, 4, 8, 8), torch.tensor([2, 0]), 2, 1e-6, False)
+
+
 @pytest.mark.parametrize("name", WRITES)
 def test_each_op_is_a_torch_op_whose_schema_marks_what_it_writes(name):
     schema = getattr(torch.ops.llmpipe, name).default._schema
@@ -89,6 +97,9 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *int8_attention_args().values(), 0.25, 4, INT8_SCALES)),
     ("rope_write_decode_attention", rope_args()),
+    ("gated_delta_step", (*(torch.randn(2, 4, 8) for _ in range(3)), -torch.rand(2, 4), torch.rand(2, 4),
+                          torch.randn(3, 4, 8, 8), torch.tensor([2, 0]))),
+    ("gated_delta_decode", gated_delta_decode_args()),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_fake_implementations_match_the_kernels(op, args):
     """torch.library.opcheck: schema (no unmarked writes), fake tensor shapes, AOT dispatch."""

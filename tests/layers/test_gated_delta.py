@@ -259,3 +259,39 @@ def test_the_c_decode_step_updates_the_pools_states_in_place_as_the_pytorch_step
     torch.testing.assert_close(state[slots], expected_state, atol=ATOL, rtol=0)
     untouched = torch.tensor([1, 3, 5])
     assert torch.equal(state[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+@pytest.mark.parametrize("conv_bias", [False, True])
+@pytest.mark.parametrize("dk, dv, k_heads, v_heads, kernel", [(16, 24, 2, 4, 4), (128, 128, 2, 6, 3), (8, 8, 3, 3, 2)])
+def test_the_c_decode_mixer_equals_the_pytorch_functions(tiled, conv_bias, dk, dv, k_heads, v_heads, kernel):
+    """ops.gated_delta_decode (conv step, gates, normalized heads, delta step and gated norm in one C call) on a pool's
+    states against the functions it fuses, composed as the layer composes them; slots no row names keep their bits."""
+    from llmpipe.kernels import ops
+
+    torch.manual_seed(1)
+    batch, pool, eps = 3, 5, 1e-6
+    key, value = k_heads * dk, v_heads * dv
+    channels = 2 * key + value
+    proj = torch.randn(batch, channels + value + 2 * v_heads) * 2
+    weight, bias = torch.randn(channels, kernel) * 0.5, torch.randn(channels) if conv_bias else None
+    A_log, dt_bias, norm_weight = torch.randn(v_heads) * 0.5, torch.randn(v_heads), torch.randn(dv) * 0.3 + 1
+    conv, ssm = torch.randn(pool, channels, kernel - 1), torch.randn(pool, v_heads, dk, dv) * 0.1
+    slots = torch.tensor([3, 0, 4])
+
+    qkv, z, b, a = proj.split([channels, value, v_heads, v_heads], dim=-1)
+    expected_conv, expected_ssm = conv[slots].clone(), ssm[slots].clone()
+    mixed = causal_conv1d_step(qkv, weight, bias, expected_conv)
+    q, k, v = mixed.split([key, key, value], dim=-1)
+    q, k = (expand_heads(t.unflatten(-1, (k_heads, dk)), v_heads, tiled) for t in (q, k))
+    g, beta = decay_and_beta(a, b, A_log, dt_bias)
+    out = gated_delta_step(*normalize_qk(q, k), v.unflatten(-1, (v_heads, dv)), g, beta, expected_ssm)
+    expected = gated_rms_norm(out, z.unflatten(-1, (v_heads, dv)), norm_weight, eps).flatten(-2)
+
+    before_conv, before_ssm = conv.clone(), ssm.clone()
+    got = ops.gated_delta_decode(proj, weight, bias, A_log, dt_bias, norm_weight, conv, ssm, slots, k_heads, eps, tiled)
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-5)
+    torch.testing.assert_close(conv[slots], expected_conv, atol=0, rtol=0)
+    torch.testing.assert_close(ssm[slots], expected_ssm, atol=ATOL, rtol=0)
+    untouched = torch.tensor([1, 2])
+    assert torch.equal(conv[untouched], before_conv[untouched]) and torch.equal(ssm[untouched], before_ssm[untouched])

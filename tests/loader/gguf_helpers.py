@@ -69,11 +69,12 @@ def write_gguf(path: Path, arch: str, metadata: dict[str, Any], tensors: dict[st
 def hf_metadata(config: Any, arch: str) -> dict[str, Any]:
     """The `{arch}.*` hyperparameters llama.cpp writes for a transformers config."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return {
+    return ({  # none where every layer is a mixture of experts (Qwen3.5-MoE)
+        f"{arch}.feed_forward_length": config.intermediate_size,
+    } if hasattr(config, "intermediate_size") else {}) | {
         f"{arch}.block_count": config.num_hidden_layers,
         f"{arch}.context_length": config.max_position_embeddings,
         f"{arch}.embedding_length": config.hidden_size,
-        f"{arch}.feed_forward_length": config.intermediate_size,
         f"{arch}.attention.head_count": config.num_attention_heads,
         f"{arch}.attention.head_count_kv": config.num_key_value_heads,
         f"{arch}.attention.key_length": head_dim,

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType as Q
 
 from llmpipe import LLM
 from llmpipe.quant.linear import GGMLLinear
-from tests.loader.gguf_helpers import hf_metadata, write_gguf
+from tests.loader.gguf_helpers import hf_metadata, split_experts, write_gguf
 from tests.models.parity_suite import GREEDY, PROMPT
 from tests.utils import reference_greedy
 
@@ -34,27 +34,32 @@ def tiled(tensor: torch.Tensor, dim: int, key_heads: int, per_key: int, head_dim
     return grouped.transpose(dim, dim + 1).reshape(shape)
 
 
-def converter_tensors(model, quantized: bool) -> dict:
+def reorder_v_heads(kind: str, t: torch.Tensor, K: int, r: int, qk: int, dv: int) -> torch.Tensor:
+    """A linear layer's tensor with its value heads tiled (the converter's _LinearAttentionVReorderBase)."""
+    if kind in ("in_proj_qkv.weight", "conv1d.weight"):
+        return torch.cat([t[:qk], tiled(t[qk:], 0, K, r, dv)])
+    if kind == "in_proj_z.weight":
+        return tiled(t, 0, K, r, dv)
+    if kind in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
+        return tiled(t, 0, K, r, 1)
+    return tiled(t, 1, K, r, dv) if kind == "out_proj.weight" else t
+
+
+def converter_tensors(model, quantized: bool, arch: gguf.MODEL_ARCH = gguf.MODEL_ARCH.QWEN35,
+                      state: dict[str, torch.Tensor] | None = None) -> dict:
+    """`state` (default: the model's), as the converter writes it for `arch`: experts merged into 3-D tensors, value
+    heads tiled but for qwen3next (whose Qwen3NextModel keeps Hugging Face's order)."""
     c = model.config
     K, r = c.linear_num_key_heads, c.linear_num_value_heads // c.linear_num_key_heads
     qk, dv = 2 * K * c.linear_key_head_dim, c.linear_value_head_dim
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, c.num_hidden_layers)
+    names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
     tensors = {}
-    for hf_name, t in model.state_dict().items():
+    for hf_name, t in split_experts(model.state_dict() if state is None else state).items():
         t = t.float()
         if ".linear_attn." in hf_name:
             kind = hf_name.rpartition("linear_attn.")[2]
-            if kind == "in_proj_qkv.weight":
-                t = torch.cat([t[:qk], tiled(t[qk:], 0, K, r, dv)])
-            elif kind == "in_proj_z.weight":
-                t = tiled(t, 0, K, r, dv)
-            elif kind in ("in_proj_a.weight", "in_proj_b.weight", "A_log", "dt_bias"):
-                t = tiled(t, 0, K, r, 1)
-            elif kind == "conv1d.weight":
-                t = t.squeeze(1)
-                t = torch.cat([t[:qk], tiled(t[qk:], 0, K, r, dv)])
-            elif kind == "out_proj.weight":
-                t = tiled(t, 1, K, r, dv)
+            t = t.squeeze(1) if kind == "conv1d.weight" else t
+            t = t if arch == gguf.MODEL_ARCH.QWEN3NEXT else reorder_v_heads(kind, t, K, r, qk, dv)
             if kind == "A_log":
                 t = -torch.exp(t)
             if kind == "dt_bias":
@@ -69,17 +74,17 @@ def converter_tensors(model, quantized: bool) -> dict:
     return tensors
 
 
-def converter_metadata(config) -> dict:
+def converter_metadata(config, arch: str = ARCH) -> dict:
     head_dim = config.head_dim
-    return hf_metadata(config, ARCH) | {
-        f"{ARCH}.attention.key_length": head_dim, f"{ARCH}.attention.value_length": head_dim,
-        f"{ARCH}.ssm.conv_kernel": config.linear_conv_kernel_dim, f"{ARCH}.ssm.state_size": config.linear_key_head_dim,
-        f"{ARCH}.ssm.group_count": config.linear_num_key_heads, f"{ARCH}.ssm.time_step_rank": config.linear_num_value_heads,
-        f"{ARCH}.ssm.inner_size": config.linear_value_head_dim * config.linear_num_value_heads,
-        f"{ARCH}.attention.recurrent_layers": [t == "linear_attention" for t in config.layer_types],
-        f"{ARCH}.full_attention_interval": 4,
-        f"{ARCH}.rope.dimension_count": int(head_dim * config.rope_parameters["partial_rotary_factor"]),
-        f"{ARCH}.rope.dimension_sections": [11, 11, 10, 0],
+    return hf_metadata(config, arch) | {
+        f"{arch}.attention.key_length": head_dim, f"{arch}.attention.value_length": head_dim,
+        f"{arch}.ssm.conv_kernel": config.linear_conv_kernel_dim, f"{arch}.ssm.state_size": config.linear_key_head_dim,
+        f"{arch}.ssm.group_count": config.linear_num_key_heads, f"{arch}.ssm.time_step_rank": config.linear_num_value_heads,
+        f"{arch}.ssm.inner_size": config.linear_value_head_dim * config.linear_num_value_heads,
+        f"{arch}.attention.recurrent_layers": [t == "linear_attention" for t in config.layer_types],
+        f"{arch}.full_attention_interval": 4,
+        f"{arch}.rope.dimension_count": int(head_dim * config.rope_parameters["partial_rotary_factor"]),
+        f"{arch}.rope.dimension_sections": [11, 11, 10, 0],
     }
 
 

@@ -57,7 +57,8 @@ def test_config_matches_the_transformers_config(name, tiny_checkpoint, transform
         assert config.rope_local_theta == hf.rope_parameters["sliding_attention"]["rope_theta"]
         assert config.layer_types == tuple(hf.layer_types)
     assert config.attention_bias == (hf.model_type in ("qwen2", "qwen2_moe", "gpt_oss"))
-    assert config.qk_norm == (hf.model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5_text"))
+    assert config.qk_norm == (hf.model_type in ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_5_text", "qwen3_5_moe_text",
+                                                "qwen3_next"))
     assert config.sliding_window == (hf.sliding_window if hf.model_type in ("mistral", "gemma3_text", "gpt_oss") else None)
     assert config.eos_token_ids == (2,)
     assert checkpoint.path == tiny_checkpoint(name).resolve()

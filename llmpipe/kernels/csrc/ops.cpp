@@ -58,6 +58,10 @@ void greedy_argmax(const float *logits, int64_t *out, int64_t rows, int64_t n);
 // gated_delta.c
 void gated_delta_step(const float *q, const float *k, const float *v, const float *g, const float *beta, float *state,
                       const int64_t *slots, float *out, int64_t batch, int64_t heads, int64_t dk, int64_t dv);
+void gated_delta_decode(const float *proj, int64_t proj_stride, const float *conv_w, const float *conv_b,
+                        const float *A_log, const float *dt_bias, const float *norm_w, float eps, float *conv_pool,
+                        float *ssm_pool, const int64_t *slots, float *mixed, float *out, int64_t batch, int64_t Hk,
+                        int64_t Hv, int64_t dk, int64_t dv, int64_t kernel, int64_t tiled);
 // small_batch_linear.c
 void small_batch_linear(const float *x, const float *W, float *y, int64_t M, int64_t N, int64_t K);
 // paged_attention.c
@@ -382,6 +386,58 @@ at::Tensor gated_delta_step(const at::Tensor &q, const at::Tensor &k, const at::
     return out;
 }
 
+// proj [B, qkv | z | b | a] → [B, Hv * dv]: the Gated DeltaNet mixer of B decode rows, states in place.
+at::Tensor gated_delta_decode(const at::Tensor &proj, const at::Tensor &conv_weight,
+                              const std::optional<at::Tensor> &conv_bias, const at::Tensor &A_log,
+                              const at::Tensor &dt_bias, const at::Tensor &norm_weight, const at::Tensor &conv_state,
+                              const at::Tensor &ssm, const at::Tensor &slots, int64_t k_heads, double eps,
+                              bool tiled) {
+    const char *op = "gated_delta_decode";
+    check(op, "proj", proj, at::kFloat, 2);
+    check(op, "conv_weight", conv_weight, at::kFloat, 2);
+    check(op, "A_log", A_log, at::kFloat, 1);
+    check(op, "dt_bias", dt_bias, at::kFloat, 1);
+    check(op, "norm_weight", norm_weight, at::kFloat, 1);
+    check(op, "conv_state", conv_state, at::kFloat, 3);
+    check(op, "ssm", ssm, at::kFloat, 4);
+    check(op, "slots", slots, at::kLong, 1);
+    const int64_t B = proj.size(0), C = conv_weight.size(0), kernel = conv_weight.size(1);
+    const int64_t Hv = ssm.size(1), dk = ssm.size(2), dv = ssm.size(3), Hk = k_heads;
+    TORCH_CHECK(Hk > 0 && Hv % Hk == 0, op, ": value heads (", Hv, ") must be a multiple of key heads (", Hk, ")");
+    TORCH_CHECK(C == 2 * Hk * dk + Hv * dv, op, ": conv_weight has ", C, " channels, q, k and v need ",
+                2 * Hk * dk + Hv * dv);
+    TORCH_CHECK(proj.size(1) == C + Hv * dv + 2 * Hv, op, ": proj rows must hold qkv, z, b and a (",
+                C + Hv * dv + 2 * Hv, "), got ", proj.size(1));
+    TORCH_CHECK(kernel >= 1 && dv <= 1024, op, ": kernel must be at least 1 and v_dim at most 1024");
+    check_size(op, "A_log", A_log, 0, Hv);
+    check_size(op, "dt_bias", dt_bias, 0, Hv);
+    check_size(op, "norm_weight", norm_weight, 0, dv);
+    check_size(op, "conv_state", conv_state, 1, C);
+    check_size(op, "conv_state", conv_state, 2, kernel - 1);
+    TORCH_CHECK(conv_state.size(0) == ssm.size(0), op, ": conv_state and ssm must hold as many slots");
+    check_size(op, "slots", slots, 0, B);
+    const float *bias = nullptr;
+    if (conv_bias.has_value()) {
+        check(op, "conv_bias", *conv_bias, at::kFloat, 1);
+        check_size(op, "conv_bias", *conv_bias, 0, C);
+        bias = conv_bias->const_data_ptr<float>();
+    }
+    const int64_t *slot = slots.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; b++)
+        TORCH_CHECK(slot[b] >= 0 && slot[b] < ssm.size(0), op, ": slot ", slot[b], " is outside the pool's ",
+                    ssm.size(0));
+    at::Tensor out = at::empty({B, Hv * dv}, at::dtype(at::kFloat));
+    at::Tensor mixed = at::empty({B, C}, at::dtype(at::kFloat));
+    if (B > 0)
+        kernels::gated_delta_decode(proj.const_data_ptr<float>(), proj.size(1), conv_weight.const_data_ptr<float>(),
+                                    bias, A_log.const_data_ptr<float>(), dt_bias.const_data_ptr<float>(),
+                                    norm_weight.const_data_ptr<float>(), static_cast<float>(eps),
+                                    conv_state.mutable_data_ptr<float>(), ssm.mutable_data_ptr<float>(), slot,
+                                    mixed.mutable_data_ptr<float>(), out.mutable_data_ptr<float>(), B, Hk, Hv, dk, dv,
+                                    kernel, tiled ? 1 : 0);
+    return out;
+}
+
 struct Cache {
     int64_t num_blocks, block_size, kv_heads, head_dim;
 };
@@ -561,6 +617,9 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("has_amx() -> int", &has_amx);
     m.def("greedy_argmax(Tensor logits) -> Tensor");
     m.def("gated_delta_step(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, Tensor slots) -> Tensor");
+    m.def("gated_delta_decode(Tensor proj, Tensor conv_weight, Tensor? conv_bias, Tensor A_log, Tensor dt_bias, "
+          "Tensor norm_weight, Tensor(a!) conv_state, Tensor(b!) ssm, Tensor slots, int k_heads, float eps, "
+          "bool tiled) -> Tensor");
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
           "int? window, Tensor? kv_scales=None, Tensor? sinks=None) -> Tensor");
@@ -587,6 +646,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("ggml_segments_dot", &ggml_segments_dot);
     m.impl("greedy_argmax", &greedy_argmax);
     m.impl("gated_delta_step", &gated_delta_step);
+    m.impl("gated_delta_decode", &gated_delta_decode);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);
     m.impl("rope_write_decode_attention", &rope_write_decode_attention);

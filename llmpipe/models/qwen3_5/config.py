@@ -19,6 +19,7 @@ PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3_5TextConfig's default
 FULL_ATTENTION_INTERVAL = 4  # its default layer pattern: every 4th layer full attention, the others linear
 LAYER_TYPES = ("linear_attention", "full_attention")
 MULTIMODAL_ROPE_KEYS = ("partial_rotary_factor", "mrope_section", "mrope_interleaved")
+MULTIMODAL_TYPES = ("qwen3_5", "qwen3_5_moe")  # Qwen3_5(Moe)ForConditionalGeneration: the text model's under text_config
 LINEAR_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                  "linear_conv_kernel_dim")
 
@@ -46,7 +47,7 @@ class Qwen35Fields:
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
     """The text model's config: a multimodal config's `text_config` under its own model_type, with the
     top-level embedding tie (what transformers' ForConditionalGeneration ties by) and token ids it lacks."""
-    if cfg["model_type"] != "qwen3_5":
+    if cfg["model_type"] not in MULTIMODAL_TYPES:
         return cfg
     tokens = {key: cfg[key] for key in ("bos_token_id", "eos_token_id") if key in cfg}
     return {**tokens, **cfg.get("text_config", {}), "model_type": cfg["model_type"],
@@ -100,16 +101,19 @@ def qwen35_hf_config_fields(fields: Qwen35Fields, layer_types: tuple[str, ...], 
             "layer_types": list(layer_types), "attention_bias": attention_bias}
 
 
-def qwen35_gguf_fields(hp: Callable[..., Any]) -> dict[str, Any]:
+def qwen35_gguf_fields(hp: Callable[..., Any], v_heads_tiled: bool = True) -> dict[str, Any]:
     """The ModelConfig fields Qwen3.5 sets itself, from GGUF `qwen35.*` metadata (llama.cpp's names: the SSM's state
-    size is the key head dim, its group count the key heads, its time-step rank the value heads)."""
-    layers, key_dim = int(hp("block_count")), int(hp("attention.key_length"))
-    value_heads = int(hp("ssm.time_step_rank"))
+    size is the key head dim, its group count the key heads, its time-step rank the value heads). block_count also
+    counts the multi-token-prediction blocks the converter appends (`nextn_predict_layers`), which are not run.
+    v_heads_tiled: whether the converter reordered the value heads (qwen35, qwen35moe; not qwen3next)."""
+    layers = int(hp("block_count")) - int(hp("nextn_predict_layers", 0))
+    key_dim, value_heads = int(hp("attention.key_length")), int(hp("ssm.time_step_rank"))
     fields = Qwen35Fields(int(hp("ssm.group_count")), value_heads, int(hp("ssm.state_size")),
                           int(hp("ssm.inner_size")) // value_heads, int(hp("ssm.conv_kernel")),
-                          int(hp("rope.dimension_count")) / key_dim, v_heads_tiled=True)
+                          int(hp("rope.dimension_count")) / key_dim, v_heads_tiled=v_heads_tiled)
     recurrent = hp("attention.recurrent_layers", None)
     if recurrent is None:
         every = int(hp("full_attention_interval", FULL_ATTENTION_INTERVAL))
         recurrent = [(i + 1) % every != 0 for i in range(layers)]
-    return dict(layer_types=tuple(LAYER_TYPES[not r] for r in recurrent[:layers]), qk_norm=True, extra=fields)
+    return dict(num_hidden_layers=layers, layer_types=tuple(LAYER_TYPES[not r] for r in recurrent[:layers]), qk_norm=True,
+                extra=fields)

@@ -1,7 +1,8 @@
 """Qwen3.5 (dense, text): linear-attention layers (Gated DeltaNet) and gated full-attention layers, per layer_types.
 
 embed → N × [norm → mixer → residual → norm → SwiGLU MLP → residual] → norm → LM head, every norm zero-centred
-(x / rms(x) × (1 + weight), in float32). The mixer is one of:
+(x / rms(x) × (1 + weight), in float32); Qwen3.5-MoE and Qwen3-Next put Qwen3-MoE's sparse block in place of the MLP
+(their extra fields' `moe` says on which layers). The mixer is one of:
 
 - Gated DeltaNet (three layers in four in the released models): q, k, v from a depthwise causal conv (SiLU) over
   one projection, then the delta-rule recurrence over a fixed-size state per value head (layers/gated_delta.py);
@@ -19,6 +20,7 @@ Parameter names follow Hugging Face, with q/k/v, gate/up and the linear layers' 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 import torch
@@ -37,6 +39,7 @@ from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
 from llmpipe.models.causal_lm import CausalLM
 from llmpipe.models.llama.model import STACKED_PARAMS as LLAMA_STACKED
 from llmpipe.models.llama.model import LlamaMLP, Rope
+from llmpipe.models.qwen3_moe.model import Qwen3MoeSparseBlock
 from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
 
@@ -84,35 +87,55 @@ class Qwen35GatedDeltaNet(nn.Module):
         self.out_proj = Linear(self.value_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, state: RecurrentState, meta: RecurrentMetadata) -> torch.Tensor:
-        qkv, z, b, a = self.in_proj(x).split(self.in_proj.shard_sizes, dim=-1)
-        g, beta = decay_and_beta(a, b, self.A_log, self.dt_bias)
-        out = x.new_empty(x.shape[0], self.num_v_heads, self.v_dim)
+        proj = self.in_proj(x)
         decodes = meta.num_decodes
-        if decodes:
-            out[:decodes] = self._decode(qkv[:decodes], g[:decodes], beta[:decodes], state, meta.decode_slots)
+        parts = [self._decode(proj[:decodes], state, meta.decode_slots)] if decodes else []
         for slot, copy_to in meta.decode_snapshots:
             state.copy(slot, copy_to)
-        for chunk in meta.chunks:
-            rows = slice(*chunk.rows)
-            out[rows] = self._prefill(qkv[rows], g[rows], beta[rows], state, chunk)
-        out = self.norm(out, z.unflatten(-1, (self.num_v_heads, self.v_dim)))
-        return self.out_proj(out.flatten(-2))
+        if meta.chunks:
+            parts.append(self._prefill_rows(proj[decodes:], state, meta.chunks, decodes))
+        return self.out_proj(parts[0] if len(parts) == 1 else torch.cat(parts))
 
-    def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: RecurrentState,
-                slots: torch.Tensor) -> torch.Tensor:
-        """One token for each decode row. The conv states (a few rows each) are gathered, stepped and written back;
-        the SSM states are updated where they sit in the pool by the C kernel (each read and written once), or, off
-        the CPU, gathered and scattered around the PyTorch step."""
+    def _decode(self, proj: torch.Tensor, state: RecurrentState, slots: torch.Tensor) -> torch.Tensor:
+        """One token for each decode row → the normed, gated output [rows, value_size]. On the CPU in float32 one C
+        call does it all, the conv and SSM states updated where they sit in the pool. Otherwise the conv states (a few
+        rows each) are gathered, stepped and written back; the SSM states are updated in place by the C step on the
+        CPU (each read and written once), or gathered and scattered around the PyTorch step."""
+        if self._c_decode(proj, state):
+            return ops.gated_delta_decode(proj.contiguous(), self.conv1d.weight[:, 0], self.conv1d.bias, self.A_log,
+                                          self.dt_bias, self.norm.weight, state.conv, state.ssm, slots,
+                                          self.num_k_heads, self.norm.eps, self.tiled)
+        qkv, z, g, beta = self._split(proj)
         conv = state.conv[slots]
         mixed = causal_conv1d_step(qkv, self.conv1d.weight[:, 0], self.conv1d.bias, conv)
         state.conv[slots] = conv
         q, k, v = self._heads(mixed)
-        if state.ssm.device.type == "cpu":
-            return ops.gated_delta_step(q, k, v.float().contiguous(), g, beta.float(), state.ssm, slots).to(v.dtype)
-        ssm = state.ssm[slots]
-        out = gated_delta_step(q, k, v, g, beta, ssm)
-        state.ssm[slots] = ssm
-        return out
+        if state.ssm.device.type == "cpu" and ops.available():
+            out = ops.gated_delta_step(q, k, v.float().contiguous(), g, beta.float(), state.ssm, slots).to(v.dtype)
+        else:
+            ssm = state.ssm[slots]
+            out = gated_delta_step(q, k, v, g, beta, ssm)
+            state.ssm[slots] = ssm
+        return self.norm(out, z).flatten(-2)
+
+    def _c_decode(self, proj: torch.Tensor, state: RecurrentState) -> bool:
+        tensors = (proj, self.conv1d.weight, self.A_log, self.dt_bias, self.norm.weight, state.conv, state.ssm)
+        return (state.ssm.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors)
+                and self.v_dim <= ops.GATED_DELTA_MAX_V_DIM and ops.available())
+
+    def _prefill_rows(self, proj: torch.Tensor, state: RecurrentState, chunks: list[StateChunk], first: int) -> torch.Tensor:
+        """The prefill chunks' rows (from step row `first` on) → the normed, gated output [rows, value_size]."""
+        qkv, z, g, beta = self._split(proj)
+        out = proj.new_empty(proj.shape[0], self.num_v_heads, self.v_dim)
+        for chunk in chunks:
+            rows = slice(chunk.rows[0] - first, chunk.rows[1] - first)
+            out[rows] = self._prefill(qkv[rows], g[rows], beta[rows], state, chunk)
+        return self.norm(out, z).flatten(-2)
+
+    def _split(self, proj: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """in_proj's rows → qkv, z [rows, v heads, v_dim], and the decay g and rate beta [rows, v heads]."""
+        qkv, z, b, a = proj.split(self.in_proj.shard_sizes, dim=-1)
+        return qkv, z.unflatten(-1, (self.num_v_heads, self.v_dim)), *decay_and_beta(a, b, self.A_log, self.dt_bias)
 
     def _prefill(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: RecurrentState,
                  chunk: StateChunk) -> torch.Tensor:
@@ -200,7 +223,7 @@ class Qwen35DecoderLayer(nn.Module):
         else:
             self.self_attn = Qwen35Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, unit_offset=True)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = _mlp(cfg, layer)
 
     def forward(self, x: torch.Tensor, rope: Rope, cache: RecurrentState | torch.Tensor,
                 meta: RecurrentMetadata | AttentionMetadata) -> torch.Tensor:
@@ -208,6 +231,15 @@ class Qwen35DecoderLayer(nn.Module):
         h = self.input_layernorm(x)
         x = x + (self.linear_attn(h, cache, meta) if self.linear else self.self_attn(h, rope, cache, meta))
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def _mlp(cfg: ModelConfig, layer: int) -> nn.Module:
+    """The SwiGLU MLP, or a mixture of experts where the config gives the layer one (Qwen3.5-MoE, Qwen3-Next: the
+    extra fields' `moe`, read by Qwen3-MoE's block as its own config's)."""
+    moe = getattr(cfg.extra, "moe", None)
+    if moe is None or not moe.sparse_layers[layer]:
+        return LlamaMLP(cfg)
+    return Qwen3MoeSparseBlock(dataclasses.replace(cfg, extra=moe))
 
 
 class Qwen35Model(nn.Module):
