@@ -9,29 +9,15 @@ import pytest
 
 from llmpipe import LLM, SamplingParams
 from llmpipe.errors import UnsupportedModelError
+from tests.models.hybrid_suite import *  # noqa: F403  (the hybrids' shared tests)
 from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
-from tests.models.parity_suite import GREEDY, assert_prefix_hits_and_preemption_keep_the_reference, like
+from tests.models.parity_suite import GREEDY, like
 from tests.utils import prompt, reference_case, reference_greedy
 
 
 @pytest.fixture(scope="module")
 def case(tiny_checkpoint):
     return reference_case(tiny_checkpoint("qwen3_5"))
-
-
-@pytest.mark.parametrize("chunk", [3, 7, 13])
-def test_chunks_cutting_the_prompt_anywhere_continue_the_state(case, chunk):
-    """Chunk boundaries that fall inside blocks and inside the conv's window: each chunk continues the last's state."""
-    _, reference, _ = case
-    tokens = prompt(29, 4)
-    llm = like(case, max_num_batched_tokens=chunk, block_size=4)
-    out = llm.generate([{"prompt_token_ids": tokens}], GREEDY)[0]
-    assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
-
-
-def test_prefix_cache_hits_and_preemption_give_the_reference_tokens(case):
-    """Full-attention blocks and state checkpoints from one budget: 5 blocks hold two of the four sequences."""
-    assert_prefix_hits_and_preemption_keep_the_reference(case, max_num_blocks=5)
 
 
 def test_a_chats_second_turn_resumes_from_the_first_turns_state(case):

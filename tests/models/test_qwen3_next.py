@@ -19,10 +19,10 @@ from llmpipe.loader.hf_config import hf_config_dict, hf_model_config
 from llmpipe.models.qwen3_next import QWEN3_NEXT
 from llmpipe.models.qwen3_next.weights import SplitProjectionWeights
 from llmpipe.models.registry import family_of
+from tests.models.hybrid_suite import *  # noqa: F403  (the hybrids' shared tests)
 from tests.models.parity_suite import *  # noqa: F403  (the shared parity tests)
-from tests.models.parity_suite import GREEDY, PROMPT, assert_prefix_hits_and_preemption_keep_the_reference, like
-from tests.utils import (QWEN35_HYBRID, TINY_HYBRID_MOE, assert_prefill_matches, build_checkpoint, prompt, reference_case,
-                         reference_greedy)
+from tests.models.parity_suite import PROMPT
+from tests.utils import (QWEN35_HYBRID, TINY_HYBRID_MOE, assert_prefill_matches, build_checkpoint, reference_case)
 
 
 @pytest.fixture(scope="module")
@@ -33,18 +33,6 @@ def checkpoint(tiny_checkpoint) -> Path:
 @pytest.fixture(scope="module")
 def case(checkpoint):
     return reference_case(checkpoint)
-
-
-@pytest.mark.parametrize("chunk", [3, 7])
-def test_chunks_cutting_the_prompt_anywhere_continue_the_state(case, chunk):
-    _, reference, _ = case
-    tokens = prompt(29, 4)
-    out = like(case, max_num_batched_tokens=chunk, block_size=4).generate([{"prompt_token_ids": tokens}], GREEDY)[0]
-    assert out.outputs[0].token_ids == reference_greedy(reference, tokens)[0]
-
-
-def test_prefix_cache_hits_and_preemption_give_the_reference_tokens(case):
-    assert_prefix_hits_and_preemption_keep_the_reference(case, max_num_blocks=5)
 
 
 def test_raw_top_k_weights_and_a_sparse_step_match_transformers(tmp_path):

@@ -355,6 +355,14 @@ at::Tensor greedy_argmax(const at::Tensor &logits) {
 
 // One Gated DeltaNet decode token per row on the pool's states, in place: q, k [B, H, dk], v [B, H, dv], g, beta
 // [B, H] float32; state [slots, H, dk, dv] float32; slots int64 [B], distinct. Returns out [B, H, dv].
+// The slots' ids, each checked to lie in a pool of `pool` states.
+const int64_t *pool_slots(const char *op, const at::Tensor &slots, int64_t pool) {
+    const int64_t *slot = slots.const_data_ptr<int64_t>();
+    for (int64_t b = 0; b < slots.size(0); b++)
+        TORCH_CHECK(slot[b] >= 0 && slot[b] < pool, op, ": slot ", slot[b], " is outside the pool's ", pool);
+    return slot;
+}
+
 at::Tensor gated_delta_step(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, const at::Tensor &g,
                             const at::Tensor &beta, const at::Tensor &state, const at::Tensor &slots) {
     const char *op = "gated_delta_step";
@@ -374,10 +382,7 @@ at::Tensor gated_delta_step(const at::Tensor &q, const at::Tensor &k, const at::
                 ", ", dk, ", ", dv, "], got ", state.sizes());
     TORCH_CHECK(dv <= 1024, op, ": v_dim must be at most 1024, got ", dv);
     check_size(op, "slots", slots, 0, B);
-    const int64_t *slot = slots.const_data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; b++)
-        TORCH_CHECK(slot[b] >= 0 && slot[b] < state.size(0), op, ": slot ", slot[b], " is outside the pool's ",
-                    state.size(0));
+    const int64_t *slot = pool_slots(op, slots, state.size(0));
     at::Tensor out = at::empty({B, H, dv}, at::dtype(at::kFloat));
     if (B > 0)
         kernels::gated_delta_step(q.const_data_ptr<float>(), k.const_data_ptr<float>(), v.const_data_ptr<float>(),
@@ -422,10 +427,7 @@ at::Tensor gated_delta_decode(const at::Tensor &proj, const at::Tensor &conv_wei
         check_size(op, "conv_bias", *conv_bias, 0, C);
         bias = conv_bias->const_data_ptr<float>();
     }
-    const int64_t *slot = slots.const_data_ptr<int64_t>();
-    for (int64_t b = 0; b < B; b++)
-        TORCH_CHECK(slot[b] >= 0 && slot[b] < ssm.size(0), op, ": slot ", slot[b], " is outside the pool's ",
-                    ssm.size(0));
+    const int64_t *slot = pool_slots(op, slots, ssm.size(0));
     at::Tensor out = at::empty({B, Hv * dv}, at::dtype(at::kFloat));
     at::Tensor mixed = at::empty({B, C}, at::dtype(at::kFloat));
     if (B > 0)
