@@ -51,6 +51,28 @@ class GGUFArchitecture:
         return None if hf_pattern is None else [hf_pattern.format(i=layer, e=e) for e in range(experts)]
 
 
+# What llama.cpp's converter writes with its optional fusions, which llmpipe does not split back (yet).
+FUSED_EXPERTS = "blk.{i}.ffn_gate_up_exps.weight"  # --fuse-gate-up-exps: each expert's gate rows, then its up rows
+FUSED_QKV, SEPARATE_Q, ATTENTION_OUTPUT = "blk.{i}.attn_qkv.weight", "blk.{i}.attn_q.weight", "blk.{i}.attn_output.weight"
+
+
+def converter_fusion(names: list[str], arch: GGUFArchitecture) -> str | None:
+    """The converter option a GGUF was made with that the model's table cannot read: --fuse-gate-up-exps, or
+    --fuse-qkv (an attention layer's q, k and v in one attn_qkv where the table reads them apart; Phi-3's own attn_qkv
+    and Qwen3.5's linear layers, which have no attn_output, are not it)."""
+    by_layer: dict[str | None, set[str]] = {}
+    for name in names:
+        pattern, layer = pattern_of(name)
+        by_layer.setdefault(layer, set()).add(pattern)
+    for patterns in by_layer.values():
+        if FUSED_EXPERTS in patterns and FUSED_EXPERTS not in arch.experts:
+            return "--fuse-gate-up-exps"
+        fused_attention = {FUSED_QKV, ATTENTION_OUTPUT} <= patterns and SEPARATE_Q not in patterns
+        if fused_attention and SEPARATE_Q in arch.tensors:
+            return "--fuse-qkv"
+    return None
+
+
 def pattern_of(gguf_name: str) -> tuple[str, str | None]:
     """'blk.7.attn_q.weight' → ('blk.{i}.attn_q.weight', '7'); other names pass unchanged."""
     match = _LAYER.match(gguf_name)
