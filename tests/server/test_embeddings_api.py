@@ -22,12 +22,15 @@ TEXTS = ["the quick brown fox", "how does inference work?", "dog"]
 
 @pytest.fixture(scope="module")
 def llm(tiny_checkpoint) -> LLM:
+    """The reference, called directly; never served (a served LLM's core steps on the server's thread, which would
+    also step, and take the outputs of, requests this thread added to it)."""
     return LLM(str(tiny_checkpoint("qwen3")), progress=False)
 
 
 @pytest.fixture(scope="module")
-def url(llm):
-    with live_server(llm) as base:
+def url(tiny_checkpoint):
+    """A server over a second LLM of the same checkpoint."""
+    with live_server(LLM(str(tiny_checkpoint("qwen3")), progress=False)) as base:
         yield base
 
 
