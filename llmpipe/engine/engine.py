@@ -19,7 +19,7 @@ from llmpipe.engine.encoder_core import engine_core
 from llmpipe.engine.core_client import ThreadCoreClient
 from llmpipe.engine.core_messages import EngineStats, SpecDecodeStats
 from llmpipe.engine.output_processor import OutputProcessor
-from llmpipe.errors import InvalidRequestError
+from llmpipe.errors import InvalidRequestError, LLMPipeError
 from llmpipe.kv_cache.kinds import BlockTable
 from llmpipe.lora.request import LoRARequest
 from llmpipe.outputs import RequestOutput
@@ -41,6 +41,7 @@ class LLMEngine:
                                           self.checkpoint_path.name)
         self.output_processor = OutputProcessor(self.tokenizer)
         self.sentence_prompts = SentencePrompts.read(self.checkpoint_path)
+        self._server: ThreadCoreClient | None = None
 
     # What benchmarks, diagnosis and evaluation read of the engine (the core's other state: `core`).
     config = property(lambda self: self.core.config)  # as the core resolved it
@@ -50,8 +51,16 @@ class LLMEngine:
     kv_layout = property(lambda self: self.core.kv_layout)
 
     def thread_client(self, before_step: Callable[[], None] | None = None) -> ThreadCoreClient:
-        """This engine's core, stepped on a thread of its own for an API server in this process."""
-        return ThreadCoreClient(self.core, before_step)
+        """This engine's core, stepped on a thread of its own for an API server in this process. While that thread
+        runs, this engine takes no requests of its own (add_request, step raise): the thread steps every request in
+        the core, and would take their outputs."""
+        self._server = ThreadCoreClient(self.core, before_step)
+        return self._server
+
+    def _check_not_served(self) -> None:
+        if self._server is not None and self._server.alive:
+            raise LLMPipeError("this engine is served by an API server on a thread of this process: send requests to "
+                               "that server, or use another LLM")
 
     def rank_memory(self) -> list | None:
         """Each tensor-parallel rank's memory (None on one process)."""
@@ -77,6 +86,7 @@ class LLMEngine:
                     lora_request: LoRARequest | None = None) -> None:
         """A generation request (SamplingParams) or a pooling one (PoolingParams: it ends with its prompt);
         `lora_request`: the LoRA adapter it runs under, loaded first if it is not yet."""
+        self._check_not_served()
         if request_id in self.output_processor.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if lora_request is not None:
@@ -124,6 +134,7 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule and run one batch; return the output so far of every request it advanced."""
+        self._check_not_served()
         outputs, aborts = self.output_processor.process(self.core.step())
         for request_id, index in aborts:
             self.core.abort(request_id, index)
