@@ -4,82 +4,45 @@ transformers keeps each layer's experts as 3-D tensors: `mlp.experts.gate_up_pro
 2 × inner] (input-major, gate and up columns interleaved), `down_proj` [experts, inner, hidden], and their
 biases [experts, …]. OpenAI's release stores the two weights as MXFP4 instead (`*_blocks` uint8
 [experts, out, in / 32, 16] and `*_scales` uint8 [experts, out, in / 32]: E2M1 codes, one E8M0 exponent per
-32, rows output-major). Either is read here as expert e's own `gate_proj`, `up_proj` and `down_proj`
-(weight [out, in] and bias), as Qwen3-MoE's checkpoints name them. An MXFP4 weight loads as ggml's MXFP4
-blocks (the same codes and exponents, nibbles reordered: `mxfp4_from_hf`), read by the GGML kernels as a
+32, rows output-major). Either is read here (`FusedExpertWeights`) as expert e's own `gate_proj`, `up_proj` and
+`down_proj` (weight [out, in] and bias), as Qwen3-MoE's checkpoints name them. An MXFP4 weight loads as ggml's
+MXFP4 blocks (the same codes and exponents, nibbles reordered: `mxfp4_from_hf`), read by the GGML kernels as a
 GGUF's are; `read` dequantizes it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from gguf import GGMLQuantizationType
 
 from llmpipe.errors import ModelLoadError
+from llmpipe.loader.fused_experts import ExpertLayout, FusedExpertWeights
 from llmpipe.loader.gguf_quants import mxfp4_from_hf
-from llmpipe.loader.hf_weights import SafetensorsWeights
 from llmpipe.quant.apply import GGML_FORMAT
 from llmpipe.quant.formats import GGMLWeight
 
-_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)(_bias|_blocks)?$")
-PROJECTIONS = {"gate_up_proj": (("gate_proj", slice(0, None, 2)), ("up_proj", slice(1, None, 2))),
-               "down_proj": (("down_proj", slice(None)),)}
 
+class GptOssSafetensorsWeights(FusedExpertWeights):
+    layout = ExpertLayout({"": "weight", "_bias": "bias", "_blocks": "mxfp4"}, interleaved=True, transposed=True,
+                          hidden=("_scales",))
 
-@dataclass(frozen=True)
-class ExpertSlice:
-    source: str  # the checkpoint's 3-D tensor (`*_blocks` for MXFP4)
-    expert: int
-    rows: slice  # of the output features (gate: even, up: odd)
-    kind: str  # "weight" (float [experts, in, out]), "bias" [experts, out] or "mxfp4" ([experts, out, …] blocks)
+    def _expert_shape(self, shape: tuple[int, ...], kind: str) -> tuple[int, ...]:
+        if kind == "bias":  # [experts, out]
+            return (shape[1],)
+        if kind == "mxfp4":  # blocks [experts, out, in / 32, 16]
+            return shape[1], shape[2] * 32
+        return super()._expert_shape(shape, kind)
 
-
-class GptOssSafetensorsWeights(SafetensorsWeights):
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
-        base = super().shapes()
-        self._slices: dict[str, ExpertSlice] = {}
-        self._shapes: dict[str, tuple[int, ...]] = {}
-        for name, shape in base.items():
-            match = _EXPERTS.match(name)
-            if match is None:
-                if not name.endswith("_scales"):
-                    self._shapes[name] = shape
-                continue
-            prefix, projection, suffix = match.groups()
-            kind = {None: "weight", "_bias": "bias", "_blocks": "mxfp4"}[suffix]
-            for e in range(shape[0]):
-                for part, rows in PROJECTIONS[projection]:
-                    hf_name = f"{prefix}.{e}.{part}.{'bias' if kind == 'bias' else 'weight'}"
-                    self._slices[hf_name] = ExpertSlice(name, e, rows, kind)
-                    self._shapes[hf_name] = self._slice_shape(shape, rows, kind)
-
-    @staticmethod
-    def _slice_shape(shape: tuple[int, ...], rows: slice, kind: str) -> tuple[int, ...]:
-        if kind == "weight":  # [experts, in, out]
-            return len(range(shape[2])[rows]), shape[1]
-        if kind == "bias":
-            return (len(range(shape[1])[rows]),)
-        return len(range(shape[1])[rows]), shape[2] * 32  # blocks [experts, out, in / 32, 16]
-
-    def shapes(self) -> dict[str, tuple[int, ...]]:
-        return dict(self._shapes)
+    def _mxfp4(self, name: str) -> bool:
+        piece = self._slices.get(name)
+        return piece is not None and piece.kind == "mxfp4"
 
     def check_readable(self, names: Iterable[str]) -> None:
-        plain, sources, packed = [], set(), set()
-        for name in names:
-            piece = self._slices.get(name)
-            if piece is None:
-                plain.append(name)
-            else:
-                (packed if piece.kind == "mxfp4" else sources).add(piece.source)
-        super().check_readable(plain + sorted(sources))
-        for blocks in sorted(packed):
+        names = list(names)
+        super().check_readable(name for name in names if not self._mxfp4(name))
+        for blocks in sorted({self._slices[name].source for name in names if self._mxfp4(name)}):
             self._check_mxfp4(blocks)
 
     def _check_mxfp4(self, blocks: str) -> None:
@@ -96,17 +59,10 @@ class GptOssSafetensorsWeights(SafetensorsWeights):
 
     def native_format(self, name: str) -> tuple[str, None] | None:
         """MXFP4 experts load as ggml's MXFP4 blocks; every other tensor is float."""
-        piece = self._slices.get(name)
-        return GGML_FORMAT if piece is not None and piece.kind == "mxfp4" else None
+        return GGML_FORMAT if self._mxfp4(name) else None
 
     def read(self, name: str) -> torch.Tensor:
-        piece = self._slices.get(name)
-        if piece is None:
-            return super().read(name)
-        if piece.kind == "mxfp4":
-            return self.read_quantized(name).dequantize()
-        tensor = self._handles[piece.source].get_slice(piece.source)[piece.expert]
-        return (tensor.T if piece.kind == "weight" else tensor)[piece.rows].contiguous()
+        return self.read_quantized(name).dequantize() if self._mxfp4(name) else super().read(name)
 
     def read_quantized(self, name: str) -> GGMLWeight:
         piece = self._slices[name]
