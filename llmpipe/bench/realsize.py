@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "llmpipe" / "realsize"
 TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-oss's only (experts MXFP4, the rest Q8_0)
+MORE_TYPES = ("Q6_K", "Q4_0", "Q3_K_M", "Q2_K")  # by name only (--types)
 STEPS = ("decode", "prefill", "batched")
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
 PREFILL_TOKENS = 512
@@ -444,8 +445,9 @@ def report(rows: list[dict[str, Any]], args: Any) -> None:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--models", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    parser.add_argument("--types", nargs="+", choices=list(TYPES), default=list(TYPES), metavar="TYPE",
-                        help=f"llama-quantize types (default: {' '.join(TYPES)}; each model the ones it takes)")
+    parser.add_argument("--types", nargs="+", choices=TYPES + MORE_TYPES, default=list(TYPES),
+                        metavar="TYPE", help=f"llama-quantize types: {' '.join(TYPES + MORE_TYPES)} (default: "
+                        f"{' '.join(TYPES)}; each model the ones it takes)")
     parser.add_argument("--skip", nargs="*", choices=list(STEPS), default=[], help="measurements to leave out")
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS,
                         help=f"the prefill measurement's prompt (llama-bench's ppN; default {PREFILL_TOKENS})")

@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
-from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize, split_q3_k
+from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize
 from llmpipe.quant.apply import GGML_FORMAT
-from llmpipe.quant.formats import GGMLWeight, Int8Weight, QuantizedWeight
+from llmpipe.quant.formats import GGMLWeight
 
-K_SUB_BLOCK = 16  # weights per Q3_K sub-block
 Q = GGMLQuantizationType
 # The types the GGML kernels (kernels/csrc/ggml_rows.h) read as the file holds them: such a tensor is
-# copied into its layer as it is, nothing converted, no more bytes than the file's.
-GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
-# The ggml types that load quantized (read_quantized) and the llmpipe format each takes: the GGML types
-# as themselves; Q3_K as int8 codes −4..3 with group-16 float32 scales (1.25 bytes a weight where the file
-# has 0.43). Q2_K is dequantized.
-NATIVE_FORMATS = {**{t: GGML_FORMAT for t in GGML_TYPES}, Q.Q3_K: ("int8", K_SUB_BLOCK)}
-# Rows converted at a time: a tensor's conversion temporaries (unpacked nibbles, strided copies) stay
-# this many bytes of the file or so, not a whole embedding's worth.
-CHUNK_BYTES = 16 << 20
+# the file's mapping (or a copy of its rows where they had to be unpermuted), nothing converted, no more
+# bytes than the file's.
+GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
+# The ggml types that load quantized (read_quantized) and the llmpipe format each takes.
+NATIVE_FORMATS = {t: GGML_FORMAT for t in GGML_TYPES}
 
 
 class GGUFWeights:
@@ -92,20 +86,14 @@ class GGUFWeights:
 
     def stored_bytes(self, name: str) -> int | None:
         """Resident bytes of a tensor loaded in its NATIVE_FORMATS format (None: it loads dequantized)."""
-        tensor, fmt = self._tensors[name], self.native_format(name)
-        if fmt is None:
-            return None
-        if fmt == GGML_FORMAT:
-            return int(tensor.n_bytes)
-        return int(tensor.n_elements) + int(tensor.n_elements) // K_SUB_BLOCK * 4  # int8 codes, a float32 scale each 16
+        return None if self.native_format(name) is None else int(self._tensors[name].n_bytes)
 
-    def read_quantized(self, name: str) -> QuantizedWeight:
-        """A tensor of a NATIVE_FORMATS type in llmpipe's formats, exactly (see `native_weight`). A GGML type's
-        blocks are the file's mapping itself, its pages read in now (`populate_pages`), unless rows had to be
-        unpermuted."""
+    def read_quantized(self, name: str) -> GGMLWeight:
+        """A tensor of a NATIVE_FORMATS type as its blocks (`native_weight`): the file's mapping itself, its pages
+        read in now (`populate_pages`), unless rows had to be unpermuted."""
         qtype, rows = self.raw_blocks(name)
         weight = native_weight(qtype, rows)
-        if isinstance(weight, GGMLWeight) and name not in self._heads:
+        if name not in self._heads:
             self._in_place.add(name)
             populate = getattr(self._reader, "populate_pages", None)
             if populate is not None:
@@ -138,36 +126,7 @@ def expert_slices(tensor: ReaderTensor) -> list[ReaderTensor]:
                             data_offset=tensor.data_offset + e * n_bytes, data=tensor.data[e]) for e in range(experts)]
 
 
-def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
-    """`convert_rows` over row chunks of about CHUNK_BYTES, written into one weight: the whole tensor
-    exists once, in llmpipe's format, never as a full-size temporary of an intermediate form."""
-    step = max(1, CHUNK_BYTES // max(1, rows[:1].numel()))
-    if rows.shape[0] <= step or qtype in GGML_TYPES:
-        return convert_rows(qtype, rows)
-    first = convert_rows(qtype, rows[:step])
-    whole = {f.name: _rows_like(getattr(first, f.name), rows.shape[0]) for f in dataclasses.fields(first)}
-    weight = dataclasses.replace(first, **whole)
-    for start in range(0, rows.shape[0], step):
-        part = first if start == 0 else convert_rows(qtype, rows[start : start + step])
-        for f in dataclasses.fields(part):
-            value = getattr(part, f.name)
-            if isinstance(value, torch.Tensor):
-                getattr(weight, f.name)[start : start + value.shape[0]].copy_(value)
-    return weight
-
-
-def _rows_like(value: object, rows: int) -> object:
-    """An empty tensor like `value` with `rows` rows; other fields (group size) as they are."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return torch.empty((rows, *value.shape[1:]), dtype=value.dtype)
-
-
-def convert_rows(qtype: GGMLQuantizationType, rows: torch.Tensor) -> QuantizedWeight:
-    """uint8 [out, bytes per row] of a NATIVE_FORMATS type → the weight whose `dequantize()` is ggml's, bit
-    for bit: a GGML type's rows as they are; Q3_K's d·(scale − 32)·q as int8 codes with group-16 scales."""
-    out = rows.shape[0]
-    if qtype in GGML_TYPES:
-        return GGMLWeight(int(qtype), rows.reshape(out, -1))
-    scale, q = split_q3_k(rows.reshape(-1, GGML_QUANT_SIZES[qtype][1]))
-    return Int8Weight(q.reshape(out, -1), scale.reshape(out, -1), K_SUB_BLOCK)
+def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> GGMLWeight:
+    """uint8 [out, bytes per row] of a GGML type → the weight the GGML kernels read: the rows as they are, whose
+    `dequantize()` is ggml's, bit for bit."""
+    return GGMLWeight(int(qtype), rows.reshape(rows.shape[0], -1))

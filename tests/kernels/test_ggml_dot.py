@@ -113,6 +113,6 @@ def test_an_empty_batch_and_bad_blocks():
     with pytest.raises(RuntimeError, match="do not hold rows"):
         ops.ggml_linear_dot(torch.randn(1, 512), raw, int(Q.Q4_K))  # 512 inputs, one super-block a row
     with pytest.raises(RuntimeError, match="has no kernel"):
-        ops.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q2_K))
+        ops.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.IQ2_XXS))
     with pytest.raises(RuntimeError, match="bits"):
         ops.ggml_linear_dot(torch.randn(1, 256), raw, int(Q.Q4_K), bits=4)

@@ -1,5 +1,5 @@
 """Loading a GGUF without copies beyond the one into the model: quantized tensors never pass through float32,
-big tensors convert in row chunks, and each tensor's mapped pages are let go once it has been copied."""
+int4 codes pack a few rows at a time, and each tensor's mapped pages are let go once it has been copied."""
 
 from __future__ import annotations
 
@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
-from gguf import quants
 
 from llmpipe import LLM
-from llmpipe.loader import gguf_quants, gguf_weights, load_checkpoint
-from llmpipe.loader.gguf_weights import NATIVE_FORMATS, convert_rows, native_weight
+from llmpipe.loader import gguf_quants, load_checkpoint
+from llmpipe.loader.gguf_weights import NATIVE_FORMATS
 from llmpipe.quant import formats, linear
 from llmpipe.quant.linear import GGMLLinear, Int4Linear
 from llmpipe.quant.rtn import quantize_int4
-from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS, random_blocks, random_weights
+from tests.loader.test_gguf_quants import random_weights
 
 # Every stacked group in one format, so these layers stay quantized (the embedding stays float, and
 # down_proj: its 112 inputs are no whole blocks).
@@ -48,19 +47,6 @@ def test_tensors_that_stay_quantized_are_never_dequantized_at_load(tiny_gguf, mo
     for module in (*(getattr(layer.self_attn, p) for layer in layers for p in ("qkv_proj", "o_proj")),
                    *(layer.mlp.gate_up_proj for layer in layers), model.lm_head):
         assert isinstance(module, GGMLLinear)
-
-
-@pytest.mark.parametrize("qtype", list(NATIVE_FORMATS), ids=lambda q: q.name)
-def test_a_tensor_converted_in_row_chunks_is_the_tensor_converted_whole(qtype, monkeypatch):
-    raw = random_blocks(qtype) if qtype in RANDOM_BLOCK_SCALE_OFFSETS else quants.quantize(random_weights(), qtype)
-    rows = torch.from_numpy(raw)
-    monkeypatch.setattr(gguf_weights, "CHUNK_BYTES", rows[:1].numel() * 5)  # 5 rows a chunk, the last one short
-    assert rows.shape[0] % 5
-    chunked, whole = native_weight(qtype, rows), convert_rows(qtype, rows)
-    assert type(chunked) is type(whole)
-    assert torch.equal(chunked.dequantize(), whole.dequantize())
-    expected = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32))
-    assert torch.equal(chunked.dequantize(), expected)
 
 
 def test_stacked_int4_shards_packed_a_few_rows_at_a_time_are_packed_whole(monkeypatch):

@@ -272,7 +272,7 @@ static void ggml_segment_rows(const int64_t *table, int64_t n, int64_t n0, int64
         const int64_t type = table[3 * i], rows = table[3 * i + 1];
         const int64_t lo = n0 > row0 ? n0 : row0, hi = n1 < row0 + rows ? n1 : row0 + rows;
         const uint8_t *blocks = (const uint8_t *)(uintptr_t)table[3 * i + 2];
-        if (lo < hi && tiles)
+        if (lo < hi && tiles && ggml_wide_isas(type))
             ggml_amx_slice(type, blocks, lo - row0, hi - row0, tiles, y + (lo - n0), ld);
         else if (lo < hi)
             ggml_slice(vnni, type, blocks, lo - row0, hi - row0, a, M, y + (lo - n0), ld);

@@ -29,18 +29,25 @@
 
 /* ggml_type's numbers, as the GGUF file stores them. */
 enum {
-    GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
-    GGML_IQ4_NL = 20, GGML_IQ4_XS = 23, GGML_MXFP4 = 39
+    GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
+    GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23, GGML_MXFP4 = 39
 };
 
 #define QK_K 256
 #define GGML_CHUNK 1024 /* weights of each row a VNNI tile takes at a time (a multiple of every block's) */
 
 static inline int ggml_supported(int64_t t) {
-    return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q4_K ||
-           t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS || t == GGML_MXFP4;
+    return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q2_K ||
+           t == GGML_Q3_K || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS ||
+           t == GGML_MXFP4;
 }
-static inline int64_t ggml_block_weights(int64_t t) { return t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_XS ? QK_K : 32; }
+/* The types with VNNI rows and AMX tiles of their own; Q2_K and Q3_K take the AVX2 rows and panels everywhere. */
+static inline int ggml_wide_isas(int64_t t) { return t != GGML_Q2_K && t != GGML_Q3_K; }
+/* The types whose AVX2 rows meet the activations' sums per 16 (GGMLActs.xsum16): a min or zero point per 16. */
+static inline int ggml_sums16(int64_t t) { return t == GGML_Q2_K || t == GGML_Q3_K; }
+static inline int64_t ggml_block_weights(int64_t t) {
+    return t == GGML_Q2_K || t == GGML_Q3_K || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_XS ? QK_K : 32;
+}
 static inline int64_t ggml_block_bytes(int64_t t) {
     switch (t) {
     case GGML_Q4_0: case GGML_IQ4_NL: return 18;
@@ -49,6 +56,8 @@ static inline int64_t ggml_block_bytes(int64_t t) {
     case GGML_Q5_0: return 22;
     case GGML_Q5_1: return 24;
     case GGML_Q8_0: return 34;
+    case GGML_Q2_K: return 84;
+    case GGML_Q3_K: return 110;
     case GGML_Q4_K: return 144;
     case GGML_Q5_K: return 176;
     case GGML_Q6_K: return 210;
@@ -96,13 +105,41 @@ static inline void iq4_xs_scales(const uint8_t *b, float *sc) {
     }
 }
 
+/* Q3_K: the 12 bytes of sixteen 6-bit scales → int8 scale - 32, in order. Scale i's low nibble is byte i's low one
+ * (i < 8) or byte i - 8's high one; its high pair, bits 2 (i / 4) of byte 8 + i % 4. */
+static inline __m128i q3_k_scales(const uint8_t *q) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    const uint32_t low = 0x0f0f0f0f, two = 0x03030303;
+    const __m128i s = _mm_setr_epi32((int)((a[0] & low) | ((a[2] & two) << 4)), (int)((a[1] & low) | (((a[2] >> 2) & two) << 4)),
+                                     (int)(((a[0] >> 4) & low) | (((a[2] >> 4) & two) << 4)),
+                                     (int)(((a[1] >> 4) & low) | (((a[2] >> 6) & two) << 4)));
+    return _mm_sub_epi8(s, _mm_set1_epi8(32));
+}
+
+/* Q2_K / Q3_K: block j of 32 (0..7) of a super-block's 2-bit quants at qs: bits 2 (j % 4) of bytes 32 (j / 4) ..
+ * + 31, as codes 0..3. */
+static inline __m256i two_bit_block(const uint8_t *qs, int j) {
+    const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * (j / 4)));
+    return _mm256_and_si256(_mm256_srli_epi16(q, 2 * (j % 4)), _mm256_set1_epi8(3));
+}
+
+/* Q3_K: block j's unsigned codes u (0..7; the weight's code is u - 4): its 2-bit quants, plus 4 where bit j of the
+ * 32 high-bit bytes at b is set (that bit shifted to bit 2 of its byte). */
+static inline __m256i q3_k_block(const uint8_t *b, int j) {
+    const __m256i hm = _mm256_loadu_si256((const __m256i *)b);
+    const __m256i high = j >= 2 ? _mm256_srli_epi16(hm, j - 2) : _mm256_slli_epi16(hm, 2 - j);
+    return _mm256_or_si256(two_bit_block(b + 32, j), _mm256_and_si256(high, _mm256_set1_epi8(4)));
+}
+
 /* The zero point's shift (zero = 1 << shift), -1 for the min types. */
 static inline int ggml_zero_shift(int64_t t) {
     switch (t) {
     case GGML_Q4_0: return 3;
     case GGML_Q5_0: return 4;
+    case GGML_Q3_K: return 2;
     case GGML_Q6_K: return 5;
-    case GGML_Q4_1: case GGML_Q5_1: case GGML_Q4_K: case GGML_Q5_K: return -1;
+    case GGML_Q4_1: case GGML_Q5_1: case GGML_Q2_K: case GGML_Q4_K: case GGML_Q5_K: return -1;
     default: return 7;
     }
 }
@@ -138,9 +175,24 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 /* ---- a block unpacked to signed codes (the panels, AMX tiles, a row's last blocks short of a quad) -- */
 
 /* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
- * (one per 16 weights), mins float [W / 32] (the min types; else zeros). */
+ * (one per 16 weights), mins float [W / 32] (the min types; else zeros) — Q2_K's [W / 16], a min per 16. */
 static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float *s16, float *m32) {
     switch (t) {
+    case GGML_Q2_K: {
+        const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(codes + 32 * j), two_bit_block(b + 16, j));
+        for (int i = 0; i < 16; i++) s16[i] = d * (float)(b[i] & 0xF), m32[i] = dmin * (float)(b[i] >> 4);
+        return;
+    }
+    case GGML_Q3_K: {
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)sc, q3_k_scales(b + 96));
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_si256((__m256i *)(codes + 32 * j), _mm256_sub_epi8(q3_k_block(b, j), _mm256_set1_epi8(4)));
+        for (int i = 0; i < 16; i++) s16[i] = f16_at(b + 108) * (float)sc[i];
+        for (int i = 0; i < 8; i++) m32[i] = 0;
+        return;
+    }
     case GGML_Q8_0:
         memcpy(codes, b + 2, 32);
         s16[0] = s16[1] = f16_at(b), m32[0] = 0;
@@ -232,12 +284,15 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
 
 /* Four consecutive blocks of 32 weights in registers. u[i]: block i's 32 codes as maddubs' unsigned operand —
  * the codes themselves, or |w| for the signed types (SIGNED below), whose activations then take w[i]'s sign;
- * mul[i]: madd's sixteen int16 multipliers (Q6_K's two sub-block scales; ones elsewhere); ws: the blocks' float
- * scales; mins: their terms against xsum. Block i's dot with an activation block (codes q, step dx, xsum):
- * ws[i] * dx * <u[i] (x mul[i]), q> - mins[i] * xsum. */
+ * mul[i]: madd's sixteen int16 multipliers (Q6_K's two sub-block scales: MUL 1; ones elsewhere); ws: the blocks'
+ * float scales; mins: their terms against xsum. Block i's dot with an activation block (codes q, step dx, xsum):
+ * ws[i] * dx * <u[i] (x mul[i]), q> - mins[i] * xsum. Q2_K and Q3_K scale each 16 weights in float instead (MUL 2:
+ * ws16, in the lanes the sums reach: quad_lanes) and have a min (or zero point) per 16 weights (mins16, against
+ * the activations' sums per 16: MIN 2). */
 typedef struct {
     __m256i u[4], w[4], mul[4];
     __m128 ws, mins;
+    __m256 ws16, mins16;
 } Avx2Quad;
 
 /* Four floats at p, or the first n of them and zeros (the rest never read: a row's last blocks). */
@@ -256,8 +311,8 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
                                                             __m256 *acc, const int MR, const int PL, const int SIGNED,
                                                             const int MIN, const int MUL, const int n) {
     const int64_t B = K / BLOCK;
-    const __m256 ws = _mm256_set_m128(q->ws, q->ws);
-    const __m256 mins = MIN ? _mm256_set_m128(_mm_setzero_ps(), q->mins) : _mm256_setzero_ps();
+    const __m256 ws = MUL == 2 ? q->ws16 : _mm256_set_m128(q->ws, q->ws);
+    const __m256 mins = MIN == 1 ? _mm256_set_m128(_mm_setzero_ps(), q->mins) : _mm256_setzero_ps();
     for (int m = 0; m < MR; m++) {
         const int8_t *p = qx + m * K + c * BLOCK;
         __m256i d[4];
@@ -266,7 +321,7 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
                 d[i] = _mm256_setzero_si256();
                 continue;
             }
-            const __m256i mul = MUL ? q->mul[i] : ONES16;
+            const __m256i mul = MUL == 1 ? q->mul[i] : ONES16;
             const __m256i x = _mm256_loadu_si256((const __m256i *)(p + BLOCK * i));
             d[i] = dot_u8s8(q->u[i], SIGNED ? _mm256_sign_epi8(x, q->w[i]) : x, PL == 1 ? mul : _mm256_slli_epi16(mul, 7));
             if (PL == 2) { /* the low plane's codes are unsigned: no sign trick */
@@ -277,7 +332,8 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
         const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
         const __m256 k = _mm256_mul_ps(ws, avx2_quad_floats(dx + m * B + c, n));
         acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), k, acc[m]);
-        if (MIN) acc[m] = _mm256_fnmadd_ps(mins, avx2_quad_floats(xsum + m * B + c, n), acc[m]);
+        if (MIN == 1) acc[m] = _mm256_fnmadd_ps(mins, avx2_quad_floats(xsum + m * B + c, n), acc[m]);
+        if (MIN == 2) acc[m] = _mm256_fnmadd_ps(q->mins16, _mm256_loadu_ps(xsum + m * (K / 16) + 2 * c), acc[m]);
     }
 }
 
@@ -449,6 +505,31 @@ static inline void q6_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
     q->ws = _mm_set1_ps(f16_at(b + 208));
 }
 
+/* Eight values of a quad's sub-blocks of 16 (in order) → the lanes its sums reach after avx2_quad's horizontal
+ * adds: block i's first sixteen weights in lane i, its last sixteen in lane 4 + i. */
+static inline __m256i quad_lanes(__m256i v) { return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); }
+
+/* Q3_K quad h (blocks 4h .. 4h + 3): unsigned codes u, the sub-block scales d sc (Q3_SCALES: the super-block's
+ * sixteen int8 sc) per 16 weights (MUL 2), the zero point 4 as a min per 16 weights, 4 d sc (MIN 2: d sc (u - 4)
+ * = d sc u - 4 d sc). */
+#define Q3_SCALES const __m128i sc3 = q3_k_scales(b + 96);
+static inline void q3_k_quad(const uint8_t *b, int h, __m128i sc3, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = q3_k_block(b, 4 * h + i);
+    const __m256i sc = _mm256_cvtepi8_epi32(h ? _mm_unpackhi_epi64(sc3, sc3) : sc3); /* scales 8h .. 8h + 7 */
+    const float d = f16_at(b + 108);
+    q->ws16 = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(quad_lanes(sc)));
+    q->mins16 = _mm256_mul_ps(_mm256_set1_ps(4 * d), _mm256_cvtepi32_ps(sc));
+}
+
+/* Q2_K quad h: codes 0..3, the 4-bit sub-block scales (low nibbles of bytes 8h .. 8h + 7) times d per 16 weights
+ * (MUL 2), the mins (high nibbles) times dmin (MIN 2). */
+static inline void q2_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
+    for (int i = 0; i < 4; i++) q->u[i] = two_bit_block(b + 16, 4 * h + i);
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h))), nibble = _mm256_set1_epi32(0xF);
+    q->ws16 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 80)), _mm256_cvtepi32_ps(quad_lanes(_mm256_and_si256(bytes, nibble))));
+    q->mins16 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 82)), _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4)));
+}
+
 /* IQ4_XS quad h: sub-blocks 4h .. 4h + 3 (16 bytes of nibbles each at b + 8, IQ4_NL's), codebook values. */
 static inline void iq4_xs_quad(const uint8_t *b, int h, __m256 sc8, Avx2Quad *q) {
     const __m256i book = signed_book(IQ4_U8);
@@ -459,6 +540,8 @@ static inline void iq4_xs_quad(const uint8_t *b, int h, __m256 sc8, Avx2Quad *q)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_q4_k, 144, K_SCALES, k_quad(b + 16, NULL, h, sc8, mn8, &q), 0, 1, 0)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_q5_k, 176, K_SCALES, k_quad(b + 48, b + 16, h, sc8, mn8, &q), 0, 1, 0)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_q6_k, 210, , q6_k_quad(b, h, &q), 1, 0, 1)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q3_k, 110, Q3_SCALES, q3_k_quad(b, h, sc3, &q), 0, 2, 2)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q2_k, 84, , q2_k_quad(b, h, &q), 0, 2, 2)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_iq4_xs, 136, float sc_[8]; iq4_xs_scales(b, sc_); const __m256 sc8 = _mm256_loadu_ps(sc_);,
                   iq4_xs_quad(b, h, sc8, &q), 1, 0, 0)
 
@@ -745,14 +828,29 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
 
 /* ---- a run of rows ------------------------------------------------------------------------------ */
 
-/* The activation rows as the row functions take them (quantize_rows' qx, dx, xsum with groups of 32; s4). */
+/* The activation rows as the row functions take them (quantize_rows' qx, dx, xsum with groups of 32; s4; xsum16,
+ * made by ggml_slice for ggml_sums16's types). */
 typedef struct {
     const int8_t *qx;
     const float *dx, *xsum;
     const int32_t *s4;
     int64_t K;
     int planes;
+    const float *xsum16;
 } GGMLActs;
+
+/* xsum16 [M, K / 16]: dx times the sum of the codes of each 16 activations (llama.cpp's Q8_K bsums), which
+ * Q2_K's mins and Q3_K's zero points, one per 16 weights, meet. */
+static void activation_sums16(const GGMLActs *a, int64_t M, float *xsum16) {
+    const int64_t K = a->K;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < K / 16; g++) {
+            const int8_t *h = a->qx + m * K + 16 * g;
+            int32_t s = 0;
+            for (int i = 0; i < 16; i++) s += a->planes == 2 ? 128 * h[i] + h[M * K + i] : h[i];
+            xsum16[m * (K / 16) + g] = a->dx[m * (K / BLOCK) + g / 2] * (float)s;
+        }
+}
 
 #define GGML_TILE_ROWS 16
 #define GGML_AHEAD (16 << 10) /* bytes a whole-row walk prefetches ahead */
@@ -768,7 +866,8 @@ typedef struct {
         for (int64_t m0 = 0; m0 < M; m0 += 8) {                                                         \
             const int64_t mr = M - m0 < 8 ? M - m0 : 8, t1 = t0 + GGML_TILE_ROWS < n1 ? t0 + GGML_TILE_ROWS : n1; \
             const int8_t *q = a->qx + m0 * K;                                                           \
-            const float *d = a->dx + m0 * (K / BLOCK), *xs = a->xsum + m0 * (K / BLOCK);                \
+            const float *d = a->dx + m0 * (K / BLOCK);                                                  \
+            const float *xs = ggml_sums16(type) ? a->xsum16 + m0 * (K / 16) : a->xsum + m0 * (K / BLOCK); \
             const int32_t *s4m = a->s4 + m0 * (K / 4);                                                  \
             (void)s4m;                                                                                  \
             float sums[GGML_TILE_ROWS][8] = {{0}};                                                      \
@@ -801,8 +900,8 @@ typedef struct {
 #define GGML_VNNI_CALL(FN, MR) FN(w, q, d, xs, s4m, K, k0, k1, lo, ahead, out, MR, PL)
 #define GGML_CASE(CALL, TYPE, NAME) \
     case GGML_##TYPE: WITH_PLANES(a->planes, GGML_TILED(CALL, ggml_row_##NAME)); break;
-/* The slice function of one ISA: a case per type. */
-#define DEFINE_GGML_SLICE(ATTR, CALL, isa, WHOLE)                                                         \
+/* The slice function of one ISA: a case per type (MORE: cases of its own). */
+#define DEFINE_GGML_SLICE(ATTR, CALL, isa, WHOLE, MORE)                                                   \
     ATTR static void ggml_slice_##isa(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,        \
                                       const GGMLActs *a, int64_t M, float *y, int64_t ld) {               \
         const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K, whole = WHOLE;           \
@@ -819,10 +918,11 @@ typedef struct {
             GGML_CASE(CALL, Q6_K, isa##_q6_k)                                                              \
             GGML_CASE(CALL, IQ4_XS, isa##_iq4_xs)                                                          \
             GGML_CASE(CALL, MXFP4, isa##_mxfp4)                                                            \
+            MORE                                                                                          \
         }                                                                                                 \
     }
-DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1)
-DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0)
+DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1, GGML_CASE(GGML_AVX2_CALL, Q2_K, avx2_q2_k) GGML_CASE(GGML_AVX2_CALL, Q3_K, avx2_q3_k))
+DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0, )
 
 /* ---- AVX2 batches: eight weight rows interleaved, no horizontal adds --------------------------------- */
 
@@ -856,12 +956,12 @@ static inline void transpose8_epi32(__m256i *v) {
 }
 
 /* Panel for weight rows [n, n + 8) of K weights: codes [K / 32][8 steps][8 rows][4], scales s16 [K / 16][8 rows]
- * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows]. */
+ * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows] (Q2_K: [K / 16][8 rows]). */
 static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
                             float *mins) {
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t);
     int8_t c[GGML_PANEL_ROWS][QK_K];
-    float s[GGML_PANEL_ROWS][16], m[GGML_PANEL_ROWS][8];
+    float s[GGML_PANEL_ROWS][16], m[GGML_PANEL_ROWS][16];
     for (int64_t blk = 0; blk < K / W; blk++) {
         for (int r = 0; r < GGML_PANEL_ROWS; r++) ggml_unpack(t, rows + r * row_bytes + blk * S, c[r], s[r], m[r]);
         for (int64_t i = 0; i < W / BLOCK; i++) {
@@ -870,14 +970,20 @@ static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, i
             for (int r = 0; r < GGML_PANEL_ROWS; r++) v[r] = _mm256_loadu_si256((const __m256i *)(c[r] + i * BLOCK));
             transpose8_epi32(v);
             for (int step = 0; step < 8; step++) _mm256_storeu_si256((__m256i *)(codes + b * 256 + step * 32), v[step]);
-            for (int r = 0; r < GGML_PANEL_ROWS; r++)
-                s16[(2 * b) * 8 + r] = s[r][2 * i], s16[(2 * b + 1) * 8 + r] = s[r][2 * i + 1], mins[b * 8 + r] = m[r][i];
+            for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+                s16[(2 * b) * 8 + r] = s[r][2 * i], s16[(2 * b + 1) * 8 + r] = s[r][2 * i + 1];
+                if (t == GGML_Q2_K)
+                    mins[(2 * b) * 8 + r] = m[r][2 * i], mins[(2 * b + 1) * 8 + r] = m[r][2 * i + 1];
+                else
+                    mins[b * 8 + r] = m[r][i];
+            }
         }
     }
 }
 
 /* acc[m] (lane r: weight row r) += the panel's dots with activation rows m < MR. SIGNED: signed codes (the sign
- * trick); MIN: mins against xsum; HALF: a scale per sixteen weights (Q6_K); WIDEN: products summed in int32. */
+ * trick); MIN: mins against xsum (2: one per sixteen weights, against xsum16: Q2_K); HALF: a scale per sixteen
+ * weights (Q2_K, Q3_K, Q6_K); WIDEN: products summed in int32. */
 static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *codes, const float *s16,
                                                                  const float *mins, const int8_t *qx, const float *dx,
                                                                  const float *xsum, int64_t K, int64_t lo, __m256 *acc,
@@ -912,8 +1018,12 @@ static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *c
                                        : _mm256_add_epi32(d, _mm256_madd_epi16(low[m], ONES16));
                 acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(ws, _mm256_set1_ps(dx[m * B + b])), acc[m]);
             }
+            if (MIN == 2) {
+                const __m256 mn = _mm256_loadu_ps(mins + (2 * b + h) * 8);
+                for (int m = 0; m < MR; m++) acc[m] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xsum[m * (K / 16) + 2 * b + h]), acc[m]);
+            }
         }
-        if (MIN) {
+        if (MIN == 1) {
             const __m256 mn = _mm256_loadu_ps(mins + b * 8);
             for (int m = 0; m < MR; m++) acc[m] = _mm256_fnmadd_ps(mn, _mm256_set1_ps(xsum[m * B + b]), acc[m]);
         }
@@ -924,7 +1034,7 @@ static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *c
     do {                                                                                                           \
         __m256 acc[4];                                                                                             \
         for (int m = 0; m < MR; m++) acc[m] = _mm256_setzero_ps();                                                 \
-        ggml_panel_dot(codes, s16, mins, a->qx + m0 * K, a->dx + m0 * B, a->xsum + m0 * B, K, lo, acc, MR, PL,      \
+        ggml_panel_dot(codes, s16, mins, a->qx + m0 * K, a->dx + m0 * B, xs + m0 * XG, K, lo, acc, MR, PL,          \
                        SIGNED, MIN, HALF, WIDEN);                                                                  \
         for (int m = 0; m < MR; m++) _mm256_storeu_ps(y + (m0 + m) * ld + n - n0, acc[m]);                         \
     } while (0)
@@ -934,10 +1044,12 @@ static inline __attribute__((always_inline)) void ggml_panel_dot(const int8_t *c
 static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                              int64_t M, float *y, int64_t ld) {
     const int64_t K = a->K, B = K / BLOCK, row_bytes = ggml_row_bytes(type, K), lo = M * K;
-    const int MIN = ggml_zero_shift(type) < 0, SIGNED = !MIN; /* the min types' codes are unsigned */
-    const int HALF = type == GGML_Q6_K, WIDEN = ggml_panel_widens(type);
+    const int MIN = ggml_zero_shift(type) < 0 ? 1 + (type == GGML_Q2_K) : 0, SIGNED = !MIN; /* min types: unsigned codes */
+    const int HALF = type == GGML_Q2_K || type == GGML_Q3_K || type == GGML_Q6_K, WIDEN = ggml_panel_widens(type);
+    const float *xs = MIN == 2 ? a->xsum16 : a->xsum; /* XG sums a row */
+    const int64_t XG = MIN == 2 ? K / 16 : B;
     int8_t *codes = aligned_alloc(64, 8 * K);
-    float *s16 = malloc(sizeof(float) * K / 2), *mins = malloc(sizeof(float) * K / 4);
+    float *s16 = malloc(sizeof(float) * K / 2), *mins = malloc(sizeof(float) * K / 2);
     int64_t n = n0;
     for (; n + GGML_PANEL_ROWS <= n1; n += GGML_PANEL_ROWS) {
         ggml_panel_pack(type, blocks + n * row_bytes, row_bytes, K, codes, s16, mins);
@@ -953,7 +1065,8 @@ static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, in
             GGML_PANEL_KIND(0, 1, 0, 1) /* Q5_1, Q5_K */
             GGML_PANEL_KIND(1, 0, 0, 0) /* Q4_0, Q5_0, MXFP4 */
             GGML_PANEL_KIND(1, 0, 0, 1) /* Q8_0, IQ4_NL, IQ4_XS */
-            GGML_PANEL_KIND(1, 0, 1, 0) /* Q6_K */
+            GGML_PANEL_KIND(1, 0, 1, 0) /* Q3_K, Q6_K */
+            GGML_PANEL_KIND(0, 2, 1, 0) /* Q2_K */
 #undef GGML_PANEL_KIND
         }
     }
@@ -964,5 +1077,14 @@ static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, in
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                               int64_t M, float *y, int64_t ld) {
-    (vnni ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
+    GGMLActs with_sums16 = *a;
+    float *sums16 = NULL;
+    if (ggml_sums16(type) && !a->xsum16) {
+        sums16 = malloc(sizeof(float) * M * (a->K / 16));
+        activation_sums16(a, M, sums16);
+        with_sums16.xsum16 = sums16;
+    }
+    (vnni && ggml_wide_isas(type) ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(
+        type, blocks, n0, n1, &with_sums16, M, y, ld);
+    free(sums16);
 }
