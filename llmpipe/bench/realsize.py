@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 CACHE = Path.home() / ".cache" / "llmpipe" / "realsize"
 TYPES = ("Q4_K_M", "Q8_0", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")  # MXFP4_MOE: gpt-oss's only (experts MXFP4, the rest Q8_0)
-MORE_TYPES = ("Q6_K", "Q4_0", "Q3_K_M", "Q2_K")  # by name only (--types)
+MORE_TYPES = ("Q6_K", "Q4_0", "Q3_K_M", "Q2_K", "BF16", "F16")  # by name only (--types)
 STEPS = ("decode", "prefill", "batched")
 DECODE_PROMPT, DECODE_TOKENS = 16, 128
 PREFILL_TOKENS = 512
@@ -72,7 +72,7 @@ def gguf_path(model: str, qtype: str, cache: Path = CACHE) -> Path:
 def prepare(model: str, types: list[str], cache: Path = CACHE, threads: int = 2, keep_bf16: bool = False) -> dict[str, Path]:
     """Every `types` GGUF of `model` in the cache, made where missing: checkpoint → bf16 GGUF →
     llama-quantize. The checkpoint goes once converted, the bf16 GGUF once quantized (an 8B one is
-    16 GB each), unless `keep_bf16`."""
+    16 GB each), unless `keep_bf16` or BF16 is one of `types`."""
     wanted = {t: gguf_path(model, t, cache) for t in types}
     missing = [t for t, path in wanted.items() if not path.exists()]
     if not missing:
@@ -86,9 +86,9 @@ def prepare(model: str, types: list[str], cache: Path = CACHE, threads: int = 2,
         shutil.rmtree(hf_dir)
     from tqdm import tqdm
 
-    for qtype in tqdm(missing, desc=f"{model}: llama-quantize", unit="type"):
+    for qtype in tqdm([t for t in missing if t != "BF16"], desc=f"{model}: llama-quantize", unit="type"):
         quantize(bf16, wanted[qtype], qtype, threads, _log(cache, model))
-    if not keep_bf16:
+    if not keep_bf16 and "BF16" not in types:  # the converter's own file is the BF16 one
         bf16.unlink()
     return wanted
 

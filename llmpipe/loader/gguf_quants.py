@@ -273,12 +273,14 @@ SUPPORTED_TYPES = frozenset((*FLOAT_TYPES, *BLOCK_DEQUANTIZERS))
 
 
 def dequantize(data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> torch.Tensor:
-    """A GGUF tensor's data (float32/float16 elements, or raw bytes) → a float tensor of `shape`.
+    """A GGUF tensor's data (float32/float16 elements, or raw bytes: F16's too) → a float tensor of `shape`.
 
     F32/F16/BF16 keep their dtype (the model casts); block formats become float32.
     """
-    if qtype in (Q.F32, Q.F16):
+    if qtype == Q.F32:
         return data.reshape(shape)
+    if qtype == Q.F16:
+        return data.view(torch.float16).reshape(shape)
     if qtype == Q.BF16:
         return data.view(torch.bfloat16).reshape(shape)
     _, type_size = GGML_QUANT_SIZES[qtype]

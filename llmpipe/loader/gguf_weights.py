@@ -20,7 +20,8 @@ Q = GGMLQuantizationType
 # The types the GGML kernels (kernels/csrc/ggml_rows.h) read as the file holds them: such a tensor is
 # the file's mapping (or a copy of its rows where they had to be unpermuted), nothing converted, no more
 # bytes than the file's.
-GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4)
+GGML_TYPES = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4,
+              Q.F16, Q.BF16)
 # The ggml types that load quantized (read_quantized) and the llmpipe format each takes.
 NATIVE_FORMATS = {t: GGML_FORMAT for t in GGML_TYPES}
 
@@ -127,6 +128,6 @@ def expert_slices(tensor: ReaderTensor) -> list[ReaderTensor]:
 
 
 def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> GGMLWeight:
-    """uint8 [out, bytes per row] of a GGML type → the weight the GGML kernels read: the rows as they are, whose
-    `dequantize()` is ggml's, bit for bit."""
-    return GGMLWeight(int(qtype), rows.reshape(rows.shape[0], -1))
+    """[out, bytes per row] of a GGML type (uint8; F16's float16 [out, in]) → the weight the GGML kernels read: the
+    rows' bytes as they are, whose `dequantize()` is ggml's, bit for bit."""
+    return GGMLWeight(int(qtype), rows.view(torch.uint8).reshape(rows.shape[0], -1))

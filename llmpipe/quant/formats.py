@@ -103,9 +103,9 @@ class Q5_0Weight:
 
 @dataclass
 class GGMLWeight:
-    """A GGUF tensor kept as the file's own blocks (`ggml_type`: ggml's type number, Q4_K's 12, ...): the
-    kernels (kernels/csrc/ggml_rows.h) read them in place, so the weight takes the file's bytes and no
-    more; `dequantize` is gguf-py's, bit for bit."""
+    """A GGUF tensor kept as the file's own blocks (`ggml_type`: ggml's type number, Q4_K's 12, ...; F16's and
+    BF16's are its floats' bytes): the kernels (kernels/csrc/ggml_rows.h) read them in place, so the weight takes
+    the file's bytes and no more; `dequantize` is gguf-py's, bit for bit (as float32)."""
 
     ggml_type: int
     blocks: torch.Tensor  # uint8 [out, in / block weights * block bytes]
@@ -128,7 +128,7 @@ class GGMLWeight:
     def dequantize(self) -> torch.Tensor:
         from llmpipe.loader.gguf_quants import dequantize  # the block layouts live with the loader
 
-        return dequantize(self.blocks, GGMLQuantizationType(self.ggml_type), tuple(self.shape))
+        return dequantize(self.blocks, GGMLQuantizationType(self.ggml_type), tuple(self.shape)).float()
 
 
 QuantizedWeight = Int8Weight | Int4Weight | Q5_0Weight | GGMLWeight

@@ -1,6 +1,7 @@
 """The GGML kernels (csrc/ggml_rows.h, `ops.ggml_linear_dot`): a GGUF file's own blocks of every type they
 read, against gguf-py's dequantized weight times the float activations, on random blocks and on weights that
-gguf-py quantized, through each ISA, one- and two-plane activations and batches of every row-run length."""
+gguf-py quantized, through each ISA, one- and two-plane activations and batches of every row-run length; F16 and
+BF16 rows against the float activations to float32 rounding."""
 
 from __future__ import annotations
 
@@ -18,13 +19,22 @@ from tests.loader.test_gguf_quants import RANDOM_BLOCK_SCALE_OFFSETS
 pytestmark = pytest.mark.skipif(build.library() is None, reason="needs AVX2 + FMA, a C compiler and ninja")
 
 LEVELS = {8: 127, 16: 16256}  # the activation blocks' levels (csrc lowbit_q8_rows.h Q8_LEVELS, Q16_LEVELS)
+HALVES = (Q.F16, Q.BF16)
 SCALE_OFFSETS = {**RANDOM_BLOCK_SCALE_OFFSETS, Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,)}
 
 
+def block_weights(qtype: Q) -> int:
+    """Weights a kernel block holds: ggml's block, or 32 for F16 and BF16 (rows of floats, read 32 at a time)."""
+    return 32 if qtype in HALVES else GGML_QUANT_SIZES[qtype][0]
+
+
 def random_blocks(qtype: Q, rows: int, cols: int, seed: int) -> np.ndarray:
-    """Random bytes with float16 scales (and mins), or MXFP4's exponents, of a sensible size: [rows, bytes per row]."""
+    """Random bytes with float16 scales (and mins), or MXFP4's exponents, of a sensible size: [rows, bytes per row].
+    F16 / BF16: normal floats."""
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
+    if qtype in HALVES:
+        return quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(np.float32), qtype).view(np.uint8)
     blocks = rng.integers(0, 256, size=(rows, cols // block_size, type_size), dtype=np.uint8)
     for offset in SCALE_OFFSETS[qtype]:
         scales = (rng.standard_normal(blocks.shape[:2]) * 0.01).astype(np.float16)
@@ -47,7 +57,8 @@ def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
     w = torch.from_numpy(quants.dequantize(raw, qtype).astype(np.float32)).reshape(raw.shape[0], -1)
     reference = x.double() @ w.double().T
     for bits in (8, 16):
-        bound = error_bound(x, w, bits)
+        # F16 / BF16 meet the float activations themselves: float32 rounding alone
+        bound = 1e-5 * (x.abs().double() @ w.abs().double().T) if qtype in HALVES else error_bound(x, w, bits)
         for isa in ops.ggml_isas():
             y = ops.ggml_linear_dot(x, torch.from_numpy(raw), int(qtype), bits, isa)
             assert y.shape == (x.shape[0], raw.shape[0]) and y.dtype == torch.float32
@@ -58,7 +69,7 @@ def check(qtype: Q, raw: np.ndarray, x: torch.Tensor) -> None:
 def widths(qtype: Q) -> tuple[int, ...]:
     """Row widths: one block, an odd and an even count (the 32-weight types run sixteen, then two blocks at a
     time), and past the kernels' 1,024-weight chunks."""
-    block = GGML_QUANT_SIZES[qtype][0]
+    block = block_weights(qtype)
     return (block, 3 * block, 8 * block, 19 * block, 51 * block) if block == 32 else (block, 3 * block, 5 * block)
 
 
@@ -74,7 +85,7 @@ def test_random_blocks_give_the_dequantized_weights_product(qtype):
 def test_batches_give_the_dequantized_weights_product(qtype):
     """Prefill-sized batches: on AVX2, eight weight rows at a time unpacked into a panel (from 16 activation rows,
     32 for the types that sum in int32), the rows short of a panel by the row kernels."""
-    cols = 3 * GGML_QUANT_SIZES[qtype][0] if GGML_QUANT_SIZES[qtype][0] == 256 else 19 * 32
+    cols = 3 * block_weights(qtype) if block_weights(qtype) == 256 else 19 * 32
     raw = random_blocks(qtype, 21, cols, 7)
     for rows in (17, 33, 100):
         check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
@@ -103,7 +114,7 @@ def test_mxfp4_subnormal_scales():
 @given(qtype=st.sampled_from(GGML_TYPES), rows=st.integers(1, 40), n=st.integers(1, 37), blocks=st.integers(1, 3),
        seed=st.integers(0, 2**16))
 def test_any_shape(qtype, rows, n, blocks, seed):
-    cols = blocks * GGML_QUANT_SIZES[qtype][0]
+    cols = blocks * block_weights(qtype)
     check(qtype, random_blocks(qtype, n, cols, seed), torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)))
 
 

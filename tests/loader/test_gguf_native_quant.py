@@ -113,11 +113,11 @@ def test_smollm2_int4_greedy_matches_dequantized_float32_up_to_a_near_tie():
 
 # Every GGML type in one model, stacked layers mixing types (rows whole super-blocks: wide_llama's).
 MIXED_QTYPES = {
-    **{f"blk.0.attn_{x}.weight": t for x, t in zip("qkv", (Q.Q4_K, Q.Q4_K, Q.Q6_K))},  # Q4_K_M's mix
+    **{f"blk.0.attn_{x}.weight": t for x, t in zip("qkv", (Q.Q4_K, Q.BF16, Q.Q6_K))},  # k: rows unpermuted, floats
     "blk.0.attn_output.weight": Q.Q5_K,
     "blk.0.ffn_gate.weight": Q.IQ4_XS,
     "blk.0.ffn_up.weight": Q.Q8_0,
-    "blk.0.ffn_down.weight": Q.Q6_K,
+    "blk.0.ffn_down.weight": Q.F16,
     **{f"blk.1.attn_{x}.weight": t for x, t in zip("qkv", (Q.Q4_0, Q.Q4_1, Q.Q5_0))},
     "blk.1.attn_output.weight": Q.Q5_1,
     "blk.1.ffn_gate.weight": Q.IQ4_NL,
@@ -145,7 +145,7 @@ def test_the_fused_decode_step_gives_the_layers_tokens_and_logprobs(tmp_path, ac
     llms = {fused: LLM(str(path), activation_quantization=activations, progress=False) for fused in (True, False)}
     llm = llms[True]
     layers = llm.engine.model.model.layers
-    assert [t for t, _, _ in layers[0].self_attn.qkv_proj.segments] == [Q.Q4_K, Q.Q4_K, Q.Q6_K]
+    assert [t for t, _, _ in layers[0].self_attn.qkv_proj.segments] == [Q.Q4_K, Q.BF16, Q.Q6_K]
     assert [t for t, _, _ in layers[1].self_attn.qkv_proj.segments] == [Q.Q4_0, Q.Q4_1, Q.Q5_0]
     assert all(isinstance(m, GGMLLinear) for layer in layers for m in (
         layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))

@@ -343,7 +343,7 @@ static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, in
         amx_pack(s->qx, s->dx, s->xsum, B, w->K, planes, 0, amx_tiles(B), s->amx_b, s->amx_dx, s->amx_xs);
     else if (use_vnni()) /* only the VNNI rows read s4 */
         activation_sums4(s->qx, B, w->K, planes, s->s4);
-    const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes};
+    const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes, .x = x};
     const AmxActs tiles = {s->amx_b, s->amx_dx, s->amx_xs, B, amx_tiles(B), w->K, planes};
     ggml_segment_rows(w->segments, w->group, n0, n1, &a, amx ? &tiles : NULL, B, use_vnni(), s->y, n1 - n0);
 }

@@ -34,7 +34,7 @@ void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y
     } else if (vnni) { /* only the VNNI rows read s4 */
         activation_sums4(qx, M, K, planes, s4);
     }
-    const GGMLActs a = {qx, dx, xsum, s4, K, planes};
+    const GGMLActs a = {qx, dx, xsum, s4, K, planes, .x = x};
     const AmxActs tiles = {b, dxt, xst, M, amx_tiles(M), K, planes};
 #pragma omp parallel
     {

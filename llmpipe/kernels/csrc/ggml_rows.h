@@ -29,8 +29,8 @@
 
 /* ggml_type's numbers, as the GGUF file stores them. */
 enum {
-    GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
-    GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23, GGML_MXFP4 = 39
+    GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12,
+    GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20, GGML_IQ4_XS = 23, GGML_BF16 = 30, GGML_MXFP4 = 39
 };
 
 #define QK_K 256
@@ -39,10 +39,12 @@ enum {
 static inline int ggml_supported(int64_t t) {
     return t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 || t == GGML_Q8_0 || t == GGML_Q2_K ||
            t == GGML_Q3_K || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS ||
-           t == GGML_MXFP4;
+           t == GGML_MXFP4 || t == GGML_F16 || t == GGML_BF16;
 }
+/* float16 / bfloat16: rows of floats, met by the float activations themselves (ggml_half_slice), in blocks of 32. */
+static inline int ggml_half(int64_t t) { return t == GGML_F16 || t == GGML_BF16; }
 /* The types with VNNI rows and AMX tiles of their own; Q2_K and Q3_K take the AVX2 rows and panels everywhere. */
-static inline int ggml_wide_isas(int64_t t) { return t != GGML_Q2_K && t != GGML_Q3_K; }
+static inline int ggml_wide_isas(int64_t t) { return t != GGML_Q2_K && t != GGML_Q3_K && !ggml_half(t); }
 /* The types whose AVX2 rows meet the activations' sums per 16 (GGMLActs.xsum16): a min or zero point per 16. */
 static inline int ggml_sums16(int64_t t) { return t == GGML_Q2_K || t == GGML_Q3_K; }
 static inline int64_t ggml_block_weights(int64_t t) {
@@ -56,6 +58,7 @@ static inline int64_t ggml_block_bytes(int64_t t) {
     case GGML_Q5_0: return 22;
     case GGML_Q5_1: return 24;
     case GGML_Q8_0: return 34;
+    case GGML_F16: case GGML_BF16: return 64;
     case GGML_Q2_K: return 84;
     case GGML_Q3_K: return 110;
     case GGML_Q4_K: return 144;
@@ -837,6 +840,7 @@ typedef struct {
     int64_t K;
     int planes;
     const float *xsum16;
+    const float *x; /* the float activations [M, K] (ggml_half's types) */
 } GGMLActs;
 
 /* xsum16 [M, K / 16]: dx times the sum of the codes of each 16 activations (llama.cpp's Q8_K bsums), which
@@ -1074,9 +1078,83 @@ static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, in
     if (n < n1) ggml_slice_avx2(type, blocks, n, n1, a, M, y + (n - n0), ld);
 }
 
+/* ---- F16 / BF16: the file's floats against the float activations --------------------------------- */
+
+/* Eight weights at p as float32: float16 (SRC 1), bfloat16 (2) or float32 (0, a tile widened before). */
+static inline __attribute__((always_inline)) __m256 float8(const uint8_t *p, const int SRC) {
+    if (SRC == 0) return _mm256_loadu_ps((const float *)p);
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return SRC == 1 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* NR weight rows (w, `stride` bytes apart, SRC's floats) against MR activation rows x [MR, K] into
+ * out[m * ld + r]: NR x MR float32 multiply-add chains, eight weights a step. */
+static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, int64_t stride, const float *x, int64_t K,
+                                                            float *out, int64_t ld, const int NR, const int MR,
+                                                            const int SRC) {
+    const int bytes = SRC == 0 ? 4 : 2;
+    __m256 acc[4][2];
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MR; m++) acc[r][m] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; k += 8) {
+        __m256 v[4];
+        for (int r = 0; r < NR; r++) v[r] = float8(w + r * stride + k * bytes, SRC);
+        for (int m = 0; m < MR; m++) {
+            const __m256 xm = _mm256_loadu_ps(x + m * K + k);
+            for (int r = 0; r < NR; r++) acc[r][m] = _mm256_fmadd_ps(v[r], xm, acc[r][m]);
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int m = 0; m < MR; m++) out[m * ld + r] = hsum(acc[r][m]);
+}
+
+#define HALF_TILE 16 /* weight rows a batch's pass widens to float32 at once (64 KB at K 1,024) */
+
+/* Weight rows [n0, n1) of float16 / bfloat16 against M float activation rows, into y[m * ld + n - n0]: the
+ * products are float32's on the exact widened weights, as PyTorch's would be. Up to four rows stream the file's
+ * halves (decode: a pure read of the weight); a batch widens each tile of HALF_TILE rows once into float32 and
+ * passes every pair of activation rows over it in cache. */
+static void ggml_half_slice(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const float *x, int64_t M,
+                            int64_t K, float *y, int64_t ld) {
+    const int64_t row_bytes = 2 * K;
+    const int tiled = M > 4, src = type == GGML_F16 ? 1 : 2;
+    float *w32 = tiled ? aligned_alloc(64, sizeof(float) * HALF_TILE * K) : NULL;
+    for (int64_t t0 = n0; t0 < n1; t0 += HALF_TILE) {
+        const int64_t t1 = t0 + HALF_TILE < n1 ? t0 + HALF_TILE : n1;
+        if (tiled)
+            for (int64_t n = t0; n < t1; n++)
+                for (int64_t k = 0; k < K; k += 8)
+                    _mm256_storeu_ps(w32 + (n - t0) * K + k, src == 1 ? float8(blocks + n * row_bytes + 2 * k, 1)
+                                                                      : float8(blocks + n * row_bytes + 2 * k, 2));
+        for (int64_t m0 = 0; m0 < M; m0 += 2) {
+            const int two = M - m0 >= 2;
+            for (int64_t n = t0; n < t1;) {
+                const uint8_t *w = tiled ? (const uint8_t *)(w32 + (n - t0) * K) : blocks + n * row_bytes;
+                const int64_t stride = tiled ? 4 * K : row_bytes;
+                float *out = y + m0 * ld + n - n0;
+                const int four = t1 - n >= 4;
+#define HALF_ROWS(NR, MR)                                                                                          \
+    (tiled ? half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 0)                                               \
+           : src == 1 ? half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 1) : half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 2))
+                if (four && two) HALF_ROWS(4, 2);
+                else if (four) HALF_ROWS(4, 1);
+                else if (two) HALF_ROWS(1, 2);
+                else HALF_ROWS(1, 1);
+#undef HALF_ROWS
+                n += four ? 4 : 1;
+            }
+        }
+    }
+    free(w32);
+}
+
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                               int64_t M, float *y, int64_t ld) {
+    if (ggml_half(type)) {
+        ggml_half_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
+        return;
+    }
     GGMLActs with_sums16 = *a;
     float *sums16 = NULL;
     if (ggml_sums16(type) && !a->xsum16) {
