@@ -14,11 +14,10 @@ import torch
 from tqdm import tqdm
 
 from llmpipe.config import ModelConfig
-from llmpipe.errors import ModelLoadError, UnsupportedModelError
+from llmpipe.errors import ModelLoadError
 from llmpipe.loader.aliases import resolve_model
 from llmpipe.loader.gguf_config import gguf_model_config
 from llmpipe.loader.gguf_file import drop_vocabulary, open_gguf
-from llmpipe.loader.gguf_names import converter_fusion
 from llmpipe.loader.gguf_weights import GGUFWeights
 from llmpipe.loader.hf_config import hf_model_config
 from llmpipe.loader.quant_config import hf_quantization_config
@@ -153,9 +152,6 @@ def _open_gguf(path: Path) -> tuple[ModelConfig, WeightSource, Tokenizer | None]
     reader = open_gguf(path)
     config = gguf_model_config(reader, path)  # UnsupportedModelError for other architectures
     arch = registry.gguf_architecture(config.architecture, path)
-    if (option := converter_fusion([t.name for t in reader.tensors], arch)) is not None:
-        raise UnsupportedModelError(f"{path}: this GGUF was converted with llama.cpp's {option}, whose fused tensors "
-                                    f"llmpipe does not read; convert without {option}")
     source = GGUFWeights(reader, path, arch, config)
     source = registry.family_of(config.architecture).adapt_weights(source, config)
     from llmpipe.tokenizer.gguf_tokenizer import load_gguf_tokenizer  # deferred, as load_hf_tokenizer

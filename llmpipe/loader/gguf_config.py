@@ -44,7 +44,7 @@ def gguf_model_config(reader: GGUFReader, path: Path) -> ModelConfig:
         rope_theta=rope_theta,
         rope_scaling=_rope_scaling(reader, path, arch, rope_theta, head_dim),
         tie_word_embeddings=find_tensor(reader, "output.weight") is None,
-        attention_bias=find_tensor(reader, "blk.0.attn_q.bias") is not None,
+        attention_bias=any(find_tensor(reader, f"blk.0.attn_{t}.bias") is not None for t in ("q", "qkv")),  # --fuse-qkv's
         qk_norm=find_tensor(reader, "blk.0.attn_q_norm.weight") is not None,
         sliding_window=hp("attention.sliding_window", None),  # llama.cpp stores none for the Llama family
         bos_token_id=metadata(reader, path, "tokenizer.ggml.bos_token_id", None),

@@ -51,26 +51,28 @@ class GGUFArchitecture:
         return None if hf_pattern is None else [hf_pattern.format(i=layer, e=e) for e in range(experts)]
 
 
-# What llama.cpp's converter writes with its optional fusions, which llmpipe does not split back (yet).
+# What llama.cpp's converter writes with its optional fusions (gguf_weights.split_fused reads them apart).
 FUSED_EXPERTS = "blk.{i}.ffn_gate_up_exps.weight"  # --fuse-gate-up-exps: each expert's gate rows, then its up rows
 FUSED_QKV, SEPARATE_Q, ATTENTION_OUTPUT = "blk.{i}.attn_qkv.weight", "blk.{i}.attn_q.weight", "blk.{i}.attn_output.weight"
+FUSED_QKV_BIAS = "blk.{i}.attn_qkv.bias"
 
 
-def converter_fusion(names: list[str], arch: GGUFArchitecture) -> str | None:
-    """The converter option a GGUF was made with that the model's table cannot read: --fuse-gate-up-exps, or
-    --fuse-qkv (an attention layer's q, k and v in one attn_qkv where the table reads them apart; Phi-3's own attn_qkv
-    and Qwen3.5's linear layers, which have no attn_output, are not it)."""
+def converter_fusions(names: list[str], arch: GGUFArchitecture) -> dict[str, str]:
+    """The tensors among `names` that llama.cpp's optional fusions wrote where the model's table reads their parts,
+    each with its option: a layer's ffn_gate_up_exps (--fuse-gate-up-exps) where the table has none, and an attention
+    layer's attn_qkv and its bias (--fuse-qkv) where the table reads attn_q (Phi-3's own attn_qkv and Qwen3.5's linear
+    layers, which have no attn_output, are not it)."""
     by_layer: dict[str | None, set[str]] = {}
     for name in names:
         pattern, layer = pattern_of(name)
         by_layer.setdefault(layer, set()).add(pattern)
-    for patterns in by_layer.values():
+    fused = {}
+    for layer, patterns in by_layer.items():
         if FUSED_EXPERTS in patterns and FUSED_EXPERTS not in arch.experts:
-            return "--fuse-gate-up-exps"
-        fused_attention = {FUSED_QKV, ATTENTION_OUTPUT} <= patterns and SEPARATE_Q not in patterns
-        if fused_attention and SEPARATE_Q in arch.tensors:
-            return "--fuse-qkv"
-    return None
+            fused[FUSED_EXPERTS.format(i=layer)] = "--fuse-gate-up-exps"
+        if {FUSED_QKV, ATTENTION_OUTPUT} <= patterns and SEPARATE_Q not in patterns and SEPARATE_Q in arch.tensors:
+            fused |= {p.format(i=layer): "--fuse-qkv" for p in (FUSED_QKV, FUSED_QKV_BIAS) if p in patterns}
+    return fused
 
 
 def pattern_of(gguf_name: str) -> tuple[str, str | None]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 
 from llmpipe.config import ModelConfig
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
-from llmpipe.loader.gguf_names import GGUFArchitecture, pattern_of, unpermute_rows
+from llmpipe.loader.gguf_names import FUSED_EXPERTS, GGUFArchitecture, converter_fusions, pattern_of, unpermute_rows
 from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize
 from llmpipe.quant.apply import GGML_FORMAT
 from llmpipe.quant.formats import GGMLWeight
@@ -38,7 +39,7 @@ class GGUFWeights:
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         self._values: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # HF name → arch.values' function
-        for tensor in reader.tensors:
+        for tensor in split_fused(reader.tensors, arch, config):
             expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) > 1 else None
             if expert_names is not None:
                 self._tensors |= dict(zip(expert_names, expert_slices(tensor)))
@@ -122,9 +123,42 @@ def expert_slices(tensor: ReaderTensor) -> list[ReaderTensor]:
     """An experts tensor's experts (3-D weights; 2-D biases, gpt-oss's), each a tensor of its own: its slice of
     the data (a view of the same mapping, rows of whole blocks) and of the file."""
     experts = int(tensor.shape[-1])
-    n_bytes, n_elements = int(tensor.n_bytes) // experts, int(tensor.n_elements) // experts
-    return [tensor._replace(name=f"{tensor.name}[{e}]", shape=tensor.shape[:-1], n_elements=n_elements, n_bytes=n_bytes,
-                            data_offset=tensor.data_offset + e * n_bytes, data=tensor.data[e]) for e in range(experts)]
+    return [_part(tensor, f"{tensor.name}[{e}]", tensor.shape[:-1], e) for e in range(experts)]
+
+
+def split_fused(tensors: Iterable[ReaderTensor], arch: GGUFArchitecture, config: ModelConfig) -> Iterable[ReaderTensor]:
+    """The tensors, those of llama.cpp's optional fusions (gguf_names.converter_fusions) as the converter writes them
+    without: attn_qkv's rows as attn_q, attn_k and attn_v (k's and v's the KV heads' width each, q's the rest: a
+    gated q's too), and ffn_gate_up_exps as ffn_gate_exps and ffn_up_exps (each expert's first and second half of
+    rows). Views of the same mapping."""
+    tensors = list(tensors)
+    fused = converter_fusions([t.name for t in tensors], arch)
+    for tensor in tensors:
+        if tensor.name not in fused:
+            yield tensor
+            continue
+        shape = tensor.shape.copy()  # ggml's order: rows (or, for experts, each expert's rows) second-to-last
+        if pattern_of(tensor.name)[0] == FUSED_EXPERTS:
+            shape[1] //= 2
+            for h, part in enumerate(("gate", "up")):
+                rows = slice(h * int(shape[1]), (h + 1) * int(shape[1]))
+                yield _part(tensor, tensor.name.replace("gate_up", part), shape, (slice(None), rows))
+            continue
+        kv = config.num_key_value_heads * config.head_dim
+        sizes = {"q": int(tensor.shape[-1]) - 2 * kv, "k": kv, "v": kv}
+        start = 0
+        for part, size in sizes.items():
+            shape[-1] = size
+            yield _part(tensor, tensor.name.replace("attn_qkv", f"attn_{part}"), shape.copy(), slice(start, start + size))
+            start += size
+
+
+def _part(tensor: ReaderTensor, name: str, shape: np.ndarray, index: object) -> ReaderTensor:
+    """tensor.data[index] (a view) as a tensor of its own, `shape` in ggml's order, at its own bytes of the file."""
+    data = tensor.data[index]
+    offset = data.__array_interface__["data"][0] - tensor.data.__array_interface__["data"][0]
+    return tensor._replace(name=name, shape=shape, n_elements=int(np.prod(shape)), n_bytes=int(data.nbytes),
+                           data_offset=tensor.data_offset + offset, data=data)
 
 
 def native_weight(qtype: GGMLQuantizationType, rows: torch.Tensor) -> GGMLWeight:

@@ -16,8 +16,6 @@ from safetensors.torch import load_file, save_file
 
 from llmpipe.errors import ModelLoadError, UnsupportedModelError
 from llmpipe.loader import aliases, load_checkpoint, resolve_model
-from llmpipe.loader.gguf_names import GGUFArchitecture, converter_fusion
-from llmpipe.models.registry import gguf_architecture
 from tests.loader.gguf_helpers import hf_metadata, hf_tensors, wide_llama, write_gguf
 
 
@@ -171,37 +169,6 @@ def test_tensor_missing_from_gguf(transformers_model, tmp_path):
     path = gguf_from(transformers_model, tmp_path / "model.gguf", drop=("blk.1.ffn_up.weight",))
     message = load_error(path)
     assert str(path) in message and "missing tensor model.layers.1.mlp.up_proj.weight" in message
-
-
-def test_a_gguf_converted_with_fused_qkv_is_refused_by_the_option(transformers_model, tmp_path):
-    """llama.cpp's `convert_hf_to_gguf.py --fuse-qkv` writes one attn_qkv per attention layer: named, not 'missing'."""
-    model = transformers_model("llama_gqa")
-    tensors = hf_tensors(model.state_dict(), model.config, "llama", {})
-    for i in range(model.config.num_hidden_layers):
-        parts = [tensors.pop(f"blk.{i}.attn_{x}.weight") for x in "qkv"]
-        tensors[f"blk.{i}.attn_qkv.weight"] = np.concatenate(parts)
-    path = write_gguf(tmp_path / "model.gguf", "llama", hf_metadata(model.config, "llama"), tensors)
-    message = load_error(path, UnsupportedModelError)
-    assert str(path) in message and "--fuse-qkv" in message
-
-
-FUSED_QKV_TABLE = GGUFArchitecture(tensors={"blk.{i}.attn_qkv.weight": "model.layers.{i}.self_attn.qkv_proj.weight",
-                                             "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight"})
-
-
-@pytest.mark.parametrize("arch, names, option", [
-    ("llama", ["blk.0.attn_qkv.weight", "blk.0.attn_output.weight"], "--fuse-qkv"),
-    ("qwen3moe", ["blk.0.attn_q.weight", "blk.0.ffn_gate_up_exps.weight", "blk.0.ffn_down_exps.weight"],
-     "--fuse-gate-up-exps"),
-    ("llama", ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight", "blk.0.attn_output.weight"], None),
-    (FUSED_QKV_TABLE, ["blk.0.attn_qkv.weight", "blk.0.attn_output.weight"], None),  # a family reading attn_qkv itself
-    ("qwen35", ["blk.0.attn_qkv.weight", "blk.0.ssm_out.weight",  # a linear-attention layer's in_proj_qkv
-                "blk.3.attn_q.weight", "blk.3.attn_output.weight"], None),
-    ("qwen35", ["blk.3.attn_qkv.weight", "blk.3.attn_output.weight"], "--fuse-qkv"),
-])
-def test_the_converters_optional_fusions_are_told_from_layouts_families_read(arch, names, option):
-    table = gguf_architecture(arch, Path("m.gguf")) if isinstance(arch, str) else arch
-    assert converter_fusion(names, table) == option
 
 
 def test_gguf_metadata_missing_a_hyperparameter(transformers_model, tmp_path):
