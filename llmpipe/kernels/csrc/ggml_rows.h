@@ -1093,7 +1093,7 @@ static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, in
                                                             float *out, int64_t ld, const int NR, const int MR,
                                                             const int SRC) {
     const int bytes = SRC == 0 ? 4 : 2;
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int m = 0; m < MR; m++) acc[r][m] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8) {
@@ -1108,16 +1108,27 @@ static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, in
         for (int m = 0; m < MR; m++) out[m * ld + r] = hsum(acc[r][m]);
 }
 
-#define HALF_TILE 16 /* weight rows a batch's pass widens to float32 at once (64 KB at K 1,024) */
+#define HALF_TILE 15 /* weight rows a batch's pass widens to float32 at once (60 KB at K 1,024): five runs of three */
+
+/* half_rows for NR (literal) weight rows at w against mr (1 .. 4) activation rows. */
+#define HALF_RUN(NR, SRC)                                                                                          \
+    switch (mr) {                                                                                                  \
+    case 1: half_rows(w, stride, xm, K, out, ld, NR, 1, SRC); break;                                               \
+    case 2: half_rows(w, stride, xm, K, out, ld, NR, 2, SRC); break;                                               \
+    case 3: half_rows(w, stride, xm, K, out, ld, NR, 3, SRC); break;                                               \
+    default: half_rows(w, stride, xm, K, out, ld, NR, 4, SRC); break;                                              \
+    }
 
 /* Weight rows [n0, n1) of float16 / bfloat16 against M float activation rows, into y[m * ld + n - n0]: the
- * products are float32's on the exact widened weights, as PyTorch's would be. Up to four rows stream the file's
- * halves (decode: a pure read of the weight); a batch widens each tile of HALF_TILE rows once into float32 and
- * passes every pair of activation rows over it in cache. */
+ * products are float32's on the exact widened weights, as PyTorch's would be. Up to four activation rows stream
+ * the file's halves, four weight rows and two activation rows a run (decode: a pure read of the weight); a batch
+ * widens each tile of HALF_TILE rows once into float32 and passes every four activation rows over it in cache,
+ * three weight rows a run (twelve chains: enough to cover the multiply-add's latency on both pipes). */
 static void ggml_half_slice(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const float *x, int64_t M,
                             int64_t K, float *y, int64_t ld) {
     const int64_t row_bytes = 2 * K;
-    const int tiled = M > 4, src = type == GGML_F16 ? 1 : 2;
+    const int tiled = M > 4, src = type == GGML_F16 ? 1 : 2, NR = tiled ? 3 : 4, MR = tiled ? 4 : 2;
+    const int64_t stride = tiled ? 4 * K : row_bytes;
     float *w32 = tiled ? aligned_alloc(64, sizeof(float) * HALF_TILE * K) : NULL;
     for (int64_t t0 = n0; t0 < n1; t0 += HALF_TILE) {
         const int64_t t1 = t0 + HALF_TILE < n1 ? t0 + HALF_TILE : n1;
@@ -1126,27 +1137,26 @@ static void ggml_half_slice(int64_t type, const uint8_t *blocks, int64_t n0, int
                 for (int64_t k = 0; k < K; k += 8)
                     _mm256_storeu_ps(w32 + (n - t0) * K + k, src == 1 ? float8(blocks + n * row_bytes + 2 * k, 1)
                                                                       : float8(blocks + n * row_bytes + 2 * k, 2));
-        for (int64_t m0 = 0; m0 < M; m0 += 2) {
-            const int two = M - m0 >= 2;
+        for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+            const float *xm = x + m0 * K;
             for (int64_t n = t0; n < t1;) {
                 const uint8_t *w = tiled ? (const uint8_t *)(w32 + (n - t0) * K) : blocks + n * row_bytes;
-                const int64_t stride = tiled ? 4 * K : row_bytes;
                 float *out = y + m0 * ld + n - n0;
-                const int four = t1 - n >= 4;
-#define HALF_ROWS(NR, MR)                                                                                          \
-    (tiled ? half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 0)                                               \
-           : src == 1 ? half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 1) : half_rows(w, stride, x + m0 * K, K, out, ld, NR, MR, 2))
-                if (four && two) HALF_ROWS(4, 2);
-                else if (four) HALF_ROWS(4, 1);
-                else if (two) HALF_ROWS(1, 2);
-                else HALF_ROWS(1, 1);
-#undef HALF_ROWS
-                n += four ? 4 : 1;
+                const int whole = t1 - n >= NR;
+                if (tiled && whole) HALF_RUN(3, 0)
+                else if (tiled) HALF_RUN(1, 0)
+                else if (whole && src == 1) HALF_RUN(4, 1)
+                else if (whole) HALF_RUN(4, 2)
+                else if (src == 1) HALF_RUN(1, 1)
+                else HALF_RUN(1, 2)
+                n += whole ? NR : 1;
             }
         }
     }
     free(w32);
 }
+#undef HALF_RUN
 
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
