@@ -46,7 +46,7 @@ static inline int ggml_half(int64_t t) { return t == GGML_F16 || t == GGML_BF16;
 /* The types with VNNI rows and AMX tiles of their own; Q2_K and Q3_K take the AVX2 rows and panels everywhere. */
 static inline int ggml_wide_isas(int64_t t) { return t != GGML_Q2_K && t != GGML_Q3_K && !ggml_half(t); }
 /* The types whose AVX2 rows meet the activations' sums per 16 (GGMLActs.xsum16): a min or zero point per 16. */
-static inline int ggml_sums16(int64_t t) { return t == GGML_Q2_K || t == GGML_Q3_K; }
+static inline int ggml_sums16(int64_t t) { return t == GGML_Q2_K || t == GGML_Q3_K || t == GGML_Q6_K; }
 static inline int64_t ggml_block_weights(int64_t t) {
     return t == GGML_Q2_K || t == GGML_Q3_K || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_XS ? QK_K : 32;
 }
@@ -287,13 +287,13 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
 
 /* Four consecutive blocks of 32 weights in registers. u[i]: block i's 32 codes as maddubs' unsigned operand —
  * the codes themselves, or |w| for the signed types (SIGNED below), whose activations then take w[i]'s sign;
- * mul[i]: madd's sixteen int16 multipliers (Q6_K's two sub-block scales: MUL 1; ones elsewhere); ws: the blocks'
- * float scales; mins: their terms against xsum. Block i's dot with an activation block (codes q, step dx, xsum):
- * ws[i] * dx * <u[i] (x mul[i]), q> - mins[i] * xsum. Q2_K and Q3_K scale each 16 weights in float instead (MUL 2:
- * ws16, in the lanes the sums reach: quad_lanes) and have a min (or zero point) per 16 weights (mins16, against
- * the activations' sums per 16: MIN 2). */
+ * ws: the blocks' float scales; mins: their terms against xsum. Block i's dot with an activation block (codes q,
+ * step dx, xsum): ws[i] * dx * <u[i], q> - mins[i] * xsum. The types of 16-weight sub-blocks (Q2_K, Q3_K, Q6_K:
+ * MIN 2) have a scale and a min (Q2_K) or zero point's term (Q3_K 4, Q6_K 32: d sc (u - z) = d sc u - z d sc) per
+ * 16 weights instead: ws16, in the lanes the quad's sums reach (quad_lanes), and mins16 against the activations'
+ * sums of 16 (xsum16). */
 typedef struct {
-    __m256i u[4], w[4], mul[4];
+    __m256i u[4], w[4];
     __m128 ws, mins;
     __m256 ws16, mins16;
 } Avx2Quad;
@@ -312,9 +312,9 @@ static inline __attribute__((always_inline)) __m256 avx2_quad_floats(const float
 static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, int64_t c, const int8_t *qx,
                                                             const float *dx, const float *xsum, int64_t K, int64_t lo,
                                                             __m256 *acc, const int MR, const int PL, const int SIGNED,
-                                                            const int MIN, const int MUL, const int n) {
+                                                            const int MIN, const int n) {
     const int64_t B = K / BLOCK;
-    const __m256 ws = MUL == 2 ? q->ws16 : _mm256_set_m128(q->ws, q->ws);
+    const __m256 ws = MIN == 2 ? q->ws16 : _mm256_set_m128(q->ws, q->ws);
     const __m256 mins = MIN == 1 ? _mm256_set_m128(_mm_setzero_ps(), q->mins) : _mm256_setzero_ps();
     for (int m = 0; m < MR; m++) {
         const int8_t *p = qx + m * K + c * BLOCK;
@@ -324,12 +324,11 @@ static inline __attribute__((always_inline)) void avx2_quad(const Avx2Quad *q, i
                 d[i] = _mm256_setzero_si256();
                 continue;
             }
-            const __m256i mul = MUL == 1 ? q->mul[i] : ONES16;
             const __m256i x = _mm256_loadu_si256((const __m256i *)(p + BLOCK * i));
-            d[i] = dot_u8s8(q->u[i], SIGNED ? _mm256_sign_epi8(x, q->w[i]) : x, PL == 1 ? mul : _mm256_slli_epi16(mul, 7));
+            d[i] = dot_u8s8(q->u[i], SIGNED ? _mm256_sign_epi8(x, q->w[i]) : x, PL == 1 ? ONES16 : HIGH16);
             if (PL == 2) { /* the low plane's codes are unsigned: no sign trick */
                 const __m256i xl = _mm256_loadu_si256((const __m256i *)(p + lo + BLOCK * i));
-                d[i] = _mm256_add_epi32(d[i], SIGNED ? dot_u8s8(xl, q->w[i], mul) : dot_u8s8(q->u[i], xl, mul));
+                d[i] = _mm256_add_epi32(d[i], SIGNED ? dot_u8s8(xl, q->w[i], ONES16) : dot_u8s8(q->u[i], xl, ONES16));
             }
         }
         const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
@@ -421,14 +420,14 @@ static inline void mxfp4_quad(const uint8_t *b, Avx2Quad *q) {
             for (int64_t l = 0; l < 4 * S; l += 64) _mm_prefetch((const char *)b + ahead + l, _MM_HINT_T0);        \
             Avx2Quad q;                                                                                            \
             QUAD(b, &q);                                                                                           \
-            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0, 4);                                 \
+            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 4);                                 \
         }                                                                                                          \
         if (c < k1 / BLOCK) {                                                                                      \
             uint8_t tail[4 * 34] = {0};                                                                            \
             memcpy(tail, row + c * S, (size_t)((k1 / BLOCK - c) * S));                                             \
             Avx2Quad q;                                                                                            \
             QUAD(tail, &q);                                                                                        \
-            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 0, (int)(k1 / BLOCK - c));             \
+            avx2_quad(&q, c, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, (int)(k1 / BLOCK - c));             \
         }                                                                                                          \
         AVX2_ROW_END                                                                                               \
     }
@@ -442,7 +441,7 @@ DEFINE_AVX2_ROW32(ggml_row_avx2_mxfp4, GGML_MXFP4, mxfp4_quad, 1, 0)
 
 /* The 256-weight types: two quads a super-block of S bytes, SCALES decoded once for both (into locals QUAD
  * reads; h the quad, 0 or 1). */
-#define DEFINE_AVX2_ROW_K(NAME, S, SCALES, QUAD, SIGNED, MIN, MUL)                                                   \
+#define DEFINE_AVX2_ROW_K(NAME, S, SCALES, QUAD, SIGNED, MIN)                                                        \
     AVX2_ROW(NAME) {                                                                                               \
         AVX2_ROW_BEGIN                                                                                             \
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {                                                       \
@@ -452,7 +451,7 @@ DEFINE_AVX2_ROW32(ggml_row_avx2_mxfp4, GGML_MXFP4, mxfp4_quad, 1, 0)
             for (int h = 0; h < 2; h++) {                                                                          \
                 Avx2Quad q;                                                                                        \
                 QUAD;                                                                                              \
-                avx2_quad(&q, sb * 8 + 4 * h, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, MUL, 4);                 \
+                avx2_quad(&q, sb * 8 + 4 * h, qx, dx, xsum, K, lo, acc, MR, PL, SIGNED, MIN, 4);                      \
             }                                                                                                      \
         }                                                                                                          \
         AVX2_ROW_END                                                                                               \
@@ -487,34 +486,31 @@ static inline void k_quad(const uint8_t *qs, const uint8_t *fifth, int h, __m256
     q->ws = half_of(sc8, h), q->mins = half_of(mn8, h);
 }
 
-/* Q6_K quad h (the super-block's half of 128 weights, as ggml_unpack's): 64 bytes of low nibbles (A, B), 32 of
- * high pairs (H), blocks A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4, minus 32; each
- * block's two int8 sub-block scales as its madd multipliers (the float scale d alone). */
-static inline void q6_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
-    const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
-                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
-                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-    q->w[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
-    q->w[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
-    q->w[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
-    q->w[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
-    for (int i = 0; i < 4; i++) q->w[i] = _mm256_sub_epi8(q->w[i], bias);
-    quad_signed(q);
-    /* scales 8h .. 8h + 7 as int16 in both lanes; block i's: 2i in the low lane (its first 16 weights), 2i + 1 */
-    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))));
-    const __m256i pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-    for (int i = 0; i < 4; i++) q->mul[i] = _mm256_shuffle_epi8(scales, _mm256_add_epi8(pick, _mm256_set1_epi8((char)(4 * i))));
-    q->ws = _mm_set1_ps(f16_at(b + 208));
-}
-
 /* Eight values of a quad's sub-blocks of 16 (in order) → the lanes its sums reach after avx2_quad's horizontal
  * adds: block i's first sixteen weights in lane i, its last sixteen in lane 4 + i. */
 static inline __m256i quad_lanes(__m256i v) { return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); }
 
+/* Q6_K quad h (the super-block's half of 128 weights, as ggml_unpack's): 64 bytes of low nibbles (A, B), 32 of
+ * high pairs (H), blocks A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4 as unsigned codes
+ * u (0..63; the weight's code is u - 32); the int8 sub-block scales times d per 16 weights and the zero point's
+ * term 32 d sc (MIN 2). */
+static inline void q6_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
+    const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
+                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    q->u[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
+    q->u[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
+    q->u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
+    q->u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
+    const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))); /* scales 8h .. 8h + 7 */
+    const float d = f16_at(b + 208);
+    q->ws16 = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(quad_lanes(sc)));
+    q->mins16 = _mm256_mul_ps(_mm256_set1_ps(32 * d), _mm256_cvtepi32_ps(sc));
+}
+
 /* Q3_K quad h (blocks 4h .. 4h + 3): unsigned codes u, the sub-block scales d sc (Q3_SCALES: the super-block's
- * sixteen int8 sc) per 16 weights (MUL 2), the zero point 4 as a min per 16 weights, 4 d sc (MIN 2: d sc (u - 4)
- * = d sc u - 4 d sc). */
+ * sixteen int8 sc) per 16 weights and the zero point's term 4 d sc (MIN 2). */
 #define Q3_SCALES const __m128i sc3 = q3_k_scales(b + 96);
 static inline void q3_k_quad(const uint8_t *b, int h, __m128i sc3, Avx2Quad *q) {
     for (int i = 0; i < 4; i++) q->u[i] = q3_k_block(b, 4 * h + i);
@@ -525,7 +521,7 @@ static inline void q3_k_quad(const uint8_t *b, int h, __m128i sc3, Avx2Quad *q) 
 }
 
 /* Q2_K quad h: codes 0..3, the 4-bit sub-block scales (low nibbles of bytes 8h .. 8h + 7) times d per 16 weights
- * (MUL 2), the mins (high nibbles) times dmin (MIN 2). */
+ * and the mins (high nibbles) times dmin (MIN 2). */
 static inline void q2_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
     for (int i = 0; i < 4; i++) q->u[i] = two_bit_block(b + 16, 4 * h + i);
     const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h))), nibble = _mm256_set1_epi32(0xF);
@@ -540,13 +536,13 @@ static inline void iq4_xs_quad(const uint8_t *b, int h, __m256 sc8, Avx2Quad *q)
     quad_signed(q), q->ws = half_of(sc8, h);
 }
 
-DEFINE_AVX2_ROW_K(ggml_row_avx2_q4_k, 144, K_SCALES, k_quad(b + 16, NULL, h, sc8, mn8, &q), 0, 1, 0)
-DEFINE_AVX2_ROW_K(ggml_row_avx2_q5_k, 176, K_SCALES, k_quad(b + 48, b + 16, h, sc8, mn8, &q), 0, 1, 0)
-DEFINE_AVX2_ROW_K(ggml_row_avx2_q6_k, 210, , q6_k_quad(b, h, &q), 1, 0, 1)
-DEFINE_AVX2_ROW_K(ggml_row_avx2_q3_k, 110, Q3_SCALES, q3_k_quad(b, h, sc3, &q), 0, 2, 2)
-DEFINE_AVX2_ROW_K(ggml_row_avx2_q2_k, 84, , q2_k_quad(b, h, &q), 0, 2, 2)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q4_k, 144, K_SCALES, k_quad(b + 16, NULL, h, sc8, mn8, &q), 0, 1)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q5_k, 176, K_SCALES, k_quad(b + 48, b + 16, h, sc8, mn8, &q), 0, 1)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q6_k, 210, , q6_k_quad(b, h, &q), 0, 2)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q3_k, 110, Q3_SCALES, q3_k_quad(b, h, sc3, &q), 0, 2)
+DEFINE_AVX2_ROW_K(ggml_row_avx2_q2_k, 84, , q2_k_quad(b, h, &q), 0, 2)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_iq4_xs, 136, float sc_[8]; iq4_xs_scales(b, sc_); const __m256 sc8 = _mm256_loadu_ps(sc_);,
-                  iq4_xs_quad(b, h, sc8, &q), 1, 0, 0)
+                  iq4_xs_quad(b, h, sc8, &q), 1, 0)
 
 /* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
 
@@ -1167,7 +1163,7 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
     }
     GGMLActs with_sums16 = *a;
     float *sums16 = NULL;
-    if (ggml_sums16(type) && !a->xsum16) {
+    if (ggml_sums16(type) && !a->xsum16 && !(vnni && ggml_wide_isas(type))) { /* the AVX2 rows' */
         sums16 = malloc(sizeof(float) * M * (a->K / 16));
         activation_sums16(a, M, sums16);
         with_sums16.xsum16 = sums16;
