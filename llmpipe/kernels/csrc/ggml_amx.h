@@ -267,15 +267,24 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
  * CPU has AVX512-VNNI). */
 static void ggml_segment_rows(const int64_t *table, int64_t n, int64_t n0, int64_t n1, const GGMLActs *a,
                               const AmxActs *tiles, int64_t M, int vnni, float *y, int64_t ld) {
+    GGMLActs acts = *a;
+    float *sums16 = NULL; /* made once, at the first segment whose rows read them (a stacked layer's, experts') */
     int64_t row0 = 0;
     for (int64_t i = 0; i < n; i++) {
         const int64_t type = table[3 * i], rows = table[3 * i + 1];
         const int64_t lo = n0 > row0 ? n0 : row0, hi = n1 < row0 + rows ? n1 : row0 + rows;
         const uint8_t *blocks = (const uint8_t *)(uintptr_t)table[3 * i + 2];
-        if (lo < hi && tiles && ggml_wide_isas(type))
+        if (lo < hi && tiles && ggml_wide_isas(type)) {
             ggml_amx_slice(type, blocks, lo - row0, hi - row0, tiles, y + (lo - n0), ld);
-        else if (lo < hi)
-            ggml_slice(vnni, type, blocks, lo - row0, hi - row0, a, M, y + (lo - n0), ld);
+        } else if (lo < hi) {
+            if (!acts.xsum16 && ggml_slice_reads_sums16(vnni, type)) {
+                sums16 = malloc(sizeof(float) * M * (a->K / 16));
+                activation_sums16(a, M, sums16);
+                acts.xsum16 = sums16;
+            }
+            ggml_slice(vnni, type, blocks, lo - row0, hi - row0, &acts, M, y + (lo - n0), ld);
+        }
         row0 += rows;
     }
+    free(sums16);
 }

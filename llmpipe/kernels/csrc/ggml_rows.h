@@ -828,7 +828,7 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
 /* ---- a run of rows ------------------------------------------------------------------------------ */
 
 /* The activation rows as the row functions take them (quantize_rows' qx, dx, xsum with groups of 32; s4; xsum16,
- * made by ggml_slice for ggml_sums16's types). */
+ * made by ggml_segment_rows where a segment's rows read it). */
 typedef struct {
     const int8_t *qx;
     const float *dx, *xsum;
@@ -1161,14 +1161,9 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
         ggml_half_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
         return;
     }
-    GGMLActs with_sums16 = *a;
-    float *sums16 = NULL;
-    if (ggml_sums16(type) && !a->xsum16 && !(vnni && ggml_wide_isas(type))) { /* the AVX2 rows' */
-        sums16 = malloc(sizeof(float) * M * (a->K / 16));
-        activation_sums16(a, M, sums16);
-        with_sums16.xsum16 = sums16;
-    }
     (vnni && ggml_wide_isas(type) ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(
-        type, blocks, n0, n1, &with_sums16, M, y, ld);
-    free(sums16);
+        type, blocks, n0, n1, a, M, y, ld);
 }
+
+/* Whether ggml_slice's rows of `type` read GGMLActs.xsum16 (the AVX2 rows of ggml_sums16's types). */
+static inline int ggml_slice_reads_sums16(int vnni, int64_t type) { return ggml_sums16(type) && !(vnni && ggml_wide_isas(type)); }
