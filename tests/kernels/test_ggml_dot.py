@@ -91,6 +91,17 @@ def test_batches_give_the_dequantized_weights_product(qtype):
         check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
 
 
+@pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
+def test_large_batches_give_the_dequantized_weights_product(qtype):
+    """Batches of 128 rows and more, which on AVX2 at the default numerics meet the dequantized weight as floats
+    (csrc ggml_float_slice): rows past one tile of the widened weight and short of a run of three, and rows longer
+    than the 1,024 weights a tile widens at a time (a chunk's tail short of one too, for the 32-weight types)."""
+    cols = 5 * 256 if block_weights(qtype) == 256 else 51 * 32
+    raw = random_blocks(qtype, 131, cols, 11)
+    for rows in (64, 130):
+        check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
+
+
 @pytest.mark.parametrize("qtype", (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4), ids=lambda q: q.name)
 def test_weights_gguf_quantized_give_the_dequantized_weights_product(qtype):
     """The types gguf-py quantizes (the others' blocks are random above), a real weight's blocks."""

@@ -20,18 +20,21 @@ int ggml_has_amx(void) { return use_amx(); }
  * AMX tiles for batches of AMX_MIN_ROWS rows or more (each where present). */
 void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y, int64_t M, int64_t N, int64_t K,
                        int64_t bits, int64_t isa) {
-    const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni(), amx = isa >= 2 && M >= AMX_MIN_ROWS && use_amx();
-    int8_t *qx = malloc(activation_bytes(M, K, planes));
-    float *dx = malloc(sizeof(float) * M * (K / BLOCK)), *xsum = malloc(sizeof(float) * M * (K / BLOCK));
-    int32_t *s4 = amx ? NULL : malloc(sizeof(int32_t) * M * (K / 4));
+    const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
+    int codes = 0; /* whether any segment reads the activations' codes (none where every one takes the floats) */
+    for (int64_t i = 0; i < n; i++) codes |= !ggml_floats_pay(vnni, table[3 * i], M, planes);
+    const int amx = codes && isa >= 2 && M >= AMX_MIN_ROWS && use_amx();
+    int8_t *qx = codes ? malloc(activation_bytes(M, K, planes)) : NULL;
+    float *dx = codes ? malloc(sizeof(float) * M * (K / BLOCK)) : NULL, *xsum = codes ? malloc(sizeof(float) * M * (K / BLOCK)) : NULL;
+    int32_t *s4 = codes && !amx ? malloc(sizeof(int32_t) * M * (K / 4)) : NULL;
     int8_t *b = amx ? aligned_alloc(64, amx_act_bytes(M, K, planes)) : NULL;
     float *dxt = amx ? malloc(sizeof(float) * amx_act_floats(M, K)) : NULL;
     float *xst = amx ? malloc(sizeof(float) * amx_act_floats(M, K)) : NULL;
-    quantize_rows(x, M, K, BLOCK, planes, qx, dx, xsum);
+    if (codes) quantize_rows(x, M, K, BLOCK, planes, qx, dx, xsum);
     if (amx) {
 #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < amx_tiles(M); t++) amx_pack(qx, dx, xsum, M, K, planes, t, t + 1, b, dxt, xst);
-    } else if (vnni) { /* only the VNNI rows read s4 */
+    } else if (codes && vnni) { /* only the VNNI rows read s4 */
         activation_sums4(qx, M, K, planes, s4);
     }
     const GGMLActs a = {qx, dx, xsum, s4, K, planes, .x = x};

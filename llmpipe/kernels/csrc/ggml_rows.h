@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lowbit_q8_rows.h"
 
@@ -41,7 +42,7 @@ static inline int ggml_supported(int64_t t) {
            t == GGML_Q3_K || t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K || t == GGML_IQ4_NL || t == GGML_IQ4_XS ||
            t == GGML_MXFP4 || t == GGML_F16 || t == GGML_BF16;
 }
-/* float16 / bfloat16: rows of floats, met by the float activations themselves (ggml_half_slice), in blocks of 32. */
+/* float16 / bfloat16: rows of floats, met by the float activations themselves (ggml_float_slice), in blocks of 32. */
 static inline int ggml_half(int64_t t) { return t == GGML_F16 || t == GGML_BF16; }
 /* The types with VNNI rows and AMX tiles of their own; Q2_K and Q3_K take the AVX2 rows and panels everywhere. */
 static inline int ggml_wide_isas(int64_t t) { return t != GGML_Q2_K && t != GGML_Q3_K && !ggml_half(t); }
@@ -1083,16 +1084,16 @@ static inline __attribute__((always_inline)) __m256 float8(const uint8_t *p, con
     return SRC == 1 ? _mm256_cvtph_ps(h) : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* NR weight rows (w, `stride` bytes apart, SRC's floats) against MR activation rows x [MR, K] into
- * out[m * ld + r]: NR x MR float32 multiply-add chains, eight weights a step. */
+/* NR weight rows (w, `stride` bytes apart, SRC's floats) against MR activation rows x [MR, K] over their first kn
+ * columns, into out[m * ld + r] (add: added to it): NR x MR float32 multiply-add chains, eight weights a step. */
 static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, int64_t stride, const float *x, int64_t K,
-                                                            float *out, int64_t ld, const int NR, const int MR,
-                                                            const int SRC) {
+                                                            int64_t kn, float *out, int64_t ld, int add, const int NR,
+                                                            const int MR, const int SRC) {
     const int bytes = SRC == 0 ? 4 : 2;
     __m256 acc[4][4];
     for (int r = 0; r < NR; r++)
         for (int m = 0; m < MR; m++) acc[r][m] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; k += 8) {
+    for (int64_t k = 0; k < kn; k += 8) {
         __m256 v[4];
         for (int r = 0; r < NR; r++) v[r] = float8(w + r * stride + k * bytes, SRC);
         for (int m = 0; m < MR; m++) {
@@ -1101,52 +1102,89 @@ static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, in
         }
     }
     for (int r = 0; r < NR; r++)
-        for (int m = 0; m < MR; m++) out[m * ld + r] = hsum(acc[r][m]);
+        for (int m = 0; m < MR; m++) out[m * ld + r] = (add ? out[m * ld + r] : 0.0f) + hsum(acc[r][m]);
 }
 
-#define HALF_TILE 15 /* weight rows a batch's pass widens to float32 at once (60 KB at K 1,024): five runs of three */
+#define FLOAT_CHUNK 1024 /* weights of each row a batch's tile widens to float32 at a time */
+
+/* Weight rows a batch's tile holds: two fifths of the L2 cache at FLOAT_CHUNK floats a row (the rest for the
+ * activation rows passing over it), runs of three, 15 to 60 rows. Every four activation rows read the tile's
+ * chunk from L2 and their own from further out, so the larger the tile the fewer times the activations stream
+ * (Zen 2, 512 KB: 51 rows; a 2,048 x 8,192 Q4_K matrix at 512 rows 125 GFLOP/s with tiles of 15 rows x 2,048,
+ * 156 with 51 x 1,024). */
+static inline int64_t float_tile_rows(void) {
+    static int64_t rows = 0;
+    if (!rows) {
+        const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE), bytes = l2 > 0 ? l2 : 256 << 10;
+        const int64_t fit = bytes * 2 / 5 / (int64_t)(sizeof(float) * FLOAT_CHUNK) / 3 * 3;
+        rows = fit < 15 ? 15 : fit > 60 ? 60 : fit;
+    }
+    return rows;
+}
+
+/* Weights [k0, k1) of one row (row: the row's first byte) as float32 into w: the file's halves widened, or the
+ * quantized blocks dequantized (ggml_unpack's codes times their scale, less their min: the row kernels' numbers). */
+static void ggml_row_floats(int64_t type, const uint8_t *row, int64_t k0, int64_t k1, float *w) {
+    if (ggml_half(type)) {
+        for (int64_t k = k0; k < k1; k += 8)
+            _mm256_storeu_ps(w + k - k0, type == GGML_F16 ? float8(row + 2 * k, 1) : float8(row + 2 * k, 2));
+        return;
+    }
+    const int64_t W = ggml_block_weights(type), S = ggml_block_bytes(type), MG = type == GGML_Q2_K ? 16 : 32;
+    int8_t codes[QK_K];
+    float s16[16], m32[16];
+    for (int64_t k = k0; k < k1; k += W) {
+        ggml_unpack(type, row + k / W * S, codes, s16, m32);
+        for (int64_t j = 0; j < W; j += 8) {
+            const __m256 c = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + j))));
+            _mm256_storeu_ps(w + k - k0 + j, _mm256_fmsub_ps(c, _mm256_set1_ps(s16[j / 16]), _mm256_set1_ps(m32[j / MG])));
+        }
+    }
+}
 
 /* half_rows for NR (literal) weight rows at w against mr (1 .. 4) activation rows. */
 #define HALF_RUN(NR, SRC)                                                                                          \
     switch (mr) {                                                                                                  \
-    case 1: half_rows(w, stride, xm, K, out, ld, NR, 1, SRC); break;                                               \
-    case 2: half_rows(w, stride, xm, K, out, ld, NR, 2, SRC); break;                                               \
-    case 3: half_rows(w, stride, xm, K, out, ld, NR, 3, SRC); break;                                               \
-    default: half_rows(w, stride, xm, K, out, ld, NR, 4, SRC); break;                                              \
+    case 1: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 1, SRC); break;                                           \
+    case 2: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 2, SRC); break;                                           \
+    case 3: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 3, SRC); break;                                           \
+    default: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 4, SRC); break;                                          \
     }
 
-/* Weight rows [n0, n1) of float16 / bfloat16 against M float activation rows, into y[m * ld + n - n0]: the
- * products are float32's on the exact widened weights, as PyTorch's would be. Up to four activation rows stream
- * the file's halves, four weight rows and two activation rows a run (decode: a pure read of the weight); a batch
- * widens each tile of HALF_TILE rows once into float32 and passes every four activation rows over it in cache,
- * three weight rows a run (twelve chains: enough to cover the multiply-add's latency on both pipes). */
-static void ggml_half_slice(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const float *x, int64_t M,
-                            int64_t K, float *y, int64_t ld) {
-    const int64_t row_bytes = 2 * K;
-    const int tiled = M > 4, src = type == GGML_F16 ? 1 : 2, NR = tiled ? 3 : 4, MR = tiled ? 4 : 2;
-    const int64_t stride = tiled ? 4 * K : row_bytes;
-    float *w32 = tiled ? aligned_alloc(64, sizeof(float) * HALF_TILE * K) : NULL;
-    for (int64_t t0 = n0; t0 < n1; t0 += HALF_TILE) {
-        const int64_t t1 = t0 + HALF_TILE < n1 ? t0 + HALF_TILE : n1;
-        if (tiled)
-            for (int64_t n = t0; n < t1; n++)
-                for (int64_t k = 0; k < K; k += 8)
-                    _mm256_storeu_ps(w32 + (n - t0) * K + k, src == 1 ? float8(blocks + n * row_bytes + 2 * k, 1)
-                                                                      : float8(blocks + n * row_bytes + 2 * k, 2));
-        for (int64_t m0 = 0; m0 < M; m0 += MR) {
-            const int mr = M - m0 < MR ? (int)(M - m0) : MR;
-            const float *xm = x + m0 * K;
-            for (int64_t n = t0; n < t1;) {
-                const uint8_t *w = tiled ? (const uint8_t *)(w32 + (n - t0) * K) : blocks + n * row_bytes;
-                float *out = y + m0 * ld + n - n0;
-                const int whole = t1 - n >= NR;
-                if (tiled && whole) HALF_RUN(3, 0)
-                else if (tiled) HALF_RUN(1, 0)
-                else if (whole && src == 1) HALF_RUN(4, 1)
-                else if (whole) HALF_RUN(4, 2)
-                else if (src == 1) HALF_RUN(1, 1)
-                else HALF_RUN(1, 2)
-                n += whole ? NR : 1;
+/* Weight rows [n0, n1) against M float activation rows, into y[m * ld + n - n0], in float32 on the weights as
+ * floats: the products PyTorch's float GEMM would make on the dequantized weight. F16 / BF16 rows stream from the
+ * file for up to four activation rows, four weight rows and two activation rows a run (decode: a pure read of the
+ * weight). Otherwise each tile of float_tile_rows() rows is widened FLOAT_CHUNK weights at a time into float32
+ * (ggml_row_floats: any type), and every four activation rows pass over it in cache, three weight rows a run
+ * (twelve chains: enough to cover the multiply-add's latency on both pipes). */
+static void ggml_float_slice(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const float *x, int64_t M,
+                             int64_t K, float *y, int64_t ld) {
+    const int64_t row_bytes = ggml_row_bytes(type, K);
+    const int tiled = M > 4 || !ggml_half(type), src = type == GGML_F16 ? 1 : 2, NR = tiled ? 3 : 4, MR = tiled ? 4 : 2;
+    const int64_t KC = tiled && K > FLOAT_CHUNK && FLOAT_CHUNK % ggml_block_weights(type) == 0 ? FLOAT_CHUNK : K;
+    const int64_t rows = float_tile_rows();
+    float *w32 = tiled ? aligned_alloc(64, sizeof(float) * rows * KC) : NULL;
+    for (int64_t t0 = n0; t0 < n1; t0 += rows) {
+        const int64_t t1 = t0 + rows < n1 ? t0 + rows : n1;
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kn = k0 + KC < K ? KC : K - k0, stride = tiled ? 4 * KC : row_bytes;
+            if (tiled)
+                for (int64_t n = t0; n < t1; n++) ggml_row_floats(type, blocks + n * row_bytes, k0, k0 + kn, w32 + (n - t0) * KC);
+            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+                const float *xm = x + m0 * K + k0;
+                for (int64_t n = t0; n < t1;) {
+                    const uint8_t *w = tiled ? (const uint8_t *)(w32 + (n - t0) * KC) : blocks + n * row_bytes;
+                    float *out = y + m0 * ld + n - n0;
+                    const int whole = t1 - n >= NR;
+                    if (tiled && whole) HALF_RUN(3, 0)
+                    else if (tiled) HALF_RUN(1, 0)
+                    else if (whole && src == 1) HALF_RUN(4, 1)
+                    else if (whole) HALF_RUN(4, 2)
+                    else if (src == 1) HALF_RUN(1, 1)
+                    else HALF_RUN(1, 2)
+                    n += whole ? NR : 1;
+                }
             }
         }
     }
@@ -1154,16 +1192,30 @@ static void ggml_half_slice(int64_t type, const uint8_t *blocks, int64_t n0, int
 }
 #undef HALF_RUN
 
+/* Whether M activation rows meet `type` as floats (ggml_float_slice): F16 / BF16 always; the quantized types
+ * for a batch at the default two activation planes on AVX2, where the panels' two maddubs per 32 products make
+ * them slower than float multiply-adds on the dequantized weight once enough rows share a dequantized tile (Zen 2,
+ * 8,192 x 2,048, GFLOP/s panels / floats: Q4_K 127 / 127 at 64 rows, 137 / 152 at 128, 133 / 165 at 512; Q6_K
+ * 103 / 102 at 32, 109 / 131 at 64; Q8_0 81 / 93 at 32). One plane (int8 activations) keeps the panels: 160-240
+ * GFLOP/s. VNNI and AMX keep their integer rows and tiles. */
+static inline int ggml_floats_pay(int vnni, int64_t type, int64_t M, int planes) {
+    if (ggml_half(type)) return 1;
+    if (planes == 1 || (vnni && ggml_wide_isas(type))) return 0;
+    return M >= (ggml_panel_widens(type) || ggml_sums16(type) ? 64 : 128);
+}
+
 /* Weight rows [n0, n1) of one type against M activation rows, into y[m * ld + n - n0] (vnni: the CPU has it). */
 static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                               int64_t M, float *y, int64_t ld) {
-    if (ggml_half(type)) {
-        ggml_half_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
+    if (ggml_floats_pay(vnni, type, M, a->planes)) {
+        ggml_float_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
         return;
     }
     (vnni && ggml_wide_isas(type) ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(
         type, blocks, n0, n1, a, M, y, ld);
 }
 
-/* Whether ggml_slice's rows of `type` read GGMLActs.xsum16 (the AVX2 rows of ggml_sums16's types). */
-static inline int ggml_slice_reads_sums16(int vnni, int64_t type) { return ggml_sums16(type) && !(vnni && ggml_wide_isas(type)); }
+/* Whether ggml_slice's rows of `type` read GGMLActs.xsum16 (the AVX2 rows and panels of ggml_sums16's types). */
+static inline int ggml_slice_reads_sums16(int vnni, int64_t type, int64_t M, int planes) {
+    return ggml_sums16(type) && !(vnni && ggml_wide_isas(type)) && !ggml_floats_pay(vnni, type, M, planes);
+}
