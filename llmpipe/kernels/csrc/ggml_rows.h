@@ -1145,10 +1145,10 @@ static void ggml_row_floats(int64_t type, const uint8_t *row, int64_t k0, int64_
 /* half_rows for NR (literal) weight rows at w against mr (1 .. 4) activation rows. */
 #define HALF_RUN(NR, SRC)                                                                                          \
     switch (mr) {                                                                                                  \
-    case 1: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 1, SRC); break;                                           \
-    case 2: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 2, SRC); break;                                           \
-    case 3: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 3, SRC); break;                                           \
-    default: half_rows(w, stride, xm, K, kn, out, ld, k0 > 0, NR, 4, SRC); break;                                          \
+    case 1: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 1, SRC); break;                                      \
+    case 2: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 2, SRC); break;                                      \
+    case 3: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 3, SRC); break;                                      \
+    default: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 4, SRC); break;                                     \
     }
 
 /* Weight rows [n0, n1) against M float activation rows, into y[m * ld + n - n0], in float32 on the weights as
@@ -1168,8 +1168,9 @@ static void ggml_float_slice(int64_t type, const uint8_t *blocks, int64_t n0, in
         const int64_t t1 = t0 + rows < n1 ? t0 + rows : n1;
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t kn = k0 + KC < K ? KC : K - k0, stride = tiled ? 4 * KC : row_bytes;
-            if (tiled)
-                for (int64_t n = t0; n < t1; n++) ggml_row_floats(type, blocks + n * row_bytes, k0, k0 + kn, w32 + (n - t0) * KC);
+            const int add = k0 > 0; /* a later chunk adds to the sums of the earlier ones */
+            for (int64_t n = t0; tiled && n < t1; n++)
+                ggml_row_floats(type, blocks + n * row_bytes, k0, k0 + kn, w32 + (n - t0) * KC);
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 const int mr = M - m0 < MR ? (int)(M - m0) : MR;
                 const float *xm = x + m0 * K + k0;
