@@ -338,11 +338,13 @@ static void panel_slice(const LinearDesc *w, const float *x, int64_t B, int64_t 
  * once), segment by segment, into s->y. */
 static void ggml_linear_slice(const LinearDesc *w, const float *x, int64_t B, int64_t n0, int64_t n1, Scratch *s) {
     const int planes = w->bits == 16 ? 2 : 1, amx = s->amx_b != NULL;
-    quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum);
-    if (amx)
-        amx_pack(s->qx, s->dx, s->xsum, B, w->K, planes, 0, amx_tiles(B), s->amx_b, s->amx_dx, s->amx_xs);
-    else if (use_vnni()) /* only the VNNI rows read s4 */
-        activation_sums4(s->qx, B, w->K, planes, s->s4);
+    if (ggml_segments_read_codes(w->segments, w->group, B, planes, use_vnni())) { /* else every segment reads x */
+        quantize_rows(x, B, w->K, BLOCK, planes, s->qx, s->dx, s->xsum);
+        if (amx)
+            amx_pack(s->qx, s->dx, s->xsum, B, w->K, planes, 0, amx_tiles(B), s->amx_b, s->amx_dx, s->amx_xs);
+        else if (use_vnni()) /* only the VNNI rows read s4 */
+            activation_sums4(s->qx, B, w->K, planes, s->s4);
+    }
     const GGMLActs a = {s->qx, s->dx, s->xsum, s->s4, w->K, planes, .x = x};
     const AmxActs tiles = {s->amx_b, s->amx_dx, s->amx_xs, B, amx_tiles(B), w->K, planes};
     ggml_segment_rows(w->segments, w->group, n0, n1, &a, amx ? &tiles : NULL, B, use_vnni(), s->y, n1 - n0);

@@ -262,6 +262,14 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
     free(accs), free(codes), free(s16), free(m32);
 }
 
+/* Whether any of the n segments of a ggml_segment_rows table reads the activations' codes (quantize_rows' planes,
+ * their AMX or VNNI layouts) at M rows: none does where every one meets the float activations (ggml_floats_pay). */
+static inline int ggml_segments_read_codes(const int64_t *table, int64_t n, int64_t M, int planes, int vnni) {
+    for (int64_t i = 0; i < n; i++)
+        if (!ggml_floats_pay(vnni, table[3 * i], M, planes)) return 1;
+    return 0;
+}
+
 /* Rows [n0, n1) of a weight in `n` segments (table: ggml type, rows, address per segment) against every
  * activation row, into y[m * ld + n - n0]: on the tiles where given (`tiles`), else the row kernels (`vnni`: the
  * CPU has AVX512-VNNI). */

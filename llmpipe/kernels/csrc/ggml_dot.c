@@ -21,8 +21,7 @@ int ggml_has_amx(void) { return use_amx(); }
 void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y, int64_t M, int64_t N, int64_t K,
                        int64_t bits, int64_t isa) {
     const int planes = bits == 16 ? 2 : 1, vnni = isa && use_vnni();
-    int codes = 0; /* whether any segment reads the activations' codes (none where every one takes the floats) */
-    for (int64_t i = 0; i < n; i++) codes |= !ggml_floats_pay(vnni, table[3 * i], M, planes);
+    const int codes = ggml_segments_read_codes(table, n, M, planes, vnni);
     const int amx = codes && isa >= 2 && M >= AMX_MIN_ROWS && use_amx();
     int8_t *qx = codes ? malloc(activation_bytes(M, K, planes)) : NULL;
     float *dx = codes ? malloc(sizeof(float) * M * (K / BLOCK)) : NULL, *xsum = codes ? malloc(sizeof(float) * M * (K / BLOCK)) : NULL;
