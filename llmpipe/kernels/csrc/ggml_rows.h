@@ -176,6 +176,20 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 #define PREFETCH_SUPER(b, S)                                                                                       \
     for (int l_ = 0; l_ < (S); l_ += 64) _mm_prefetch((const char *)(b) + ahead + l_, _MM_HINT_T0)
 
+/* Q6_K's half h of a super-block (128 weights) as four blocks of 32 unsigned codes u (0..63; the weight's code is
+ * u - 32): 64 bytes of low nibbles (A, B) and 32 of high pairs (H) make A & 15 | H0 << 4, B & 15 | H1 << 4,
+ * A >> 4 | H2 << 4, B >> 4 | H3 << 4, 32 weights of each quarter at a time (the AVX2 rows' quads, ggml_unpack). */
+static inline void q6_k_quarters(const uint8_t *b, int h, __m256i *u) {
+    const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
+                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+    u[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
+    u[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
+    u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
+    u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
+}
+
 /* ---- a block unpacked to signed codes (the panels, AMX tiles, a row's last blocks short of a quad) -- */
 
 /* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
@@ -251,19 +265,11 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
     }
     case GGML_Q6_K: {
         const float d = f16_at(b + 208);
-        const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
-        for (int h = 0; h < 2; h++) { /* 32 weights of each quarter at a time: low nibbles | two high bits << 4 */
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
-                          c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
-                          q = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            const __m256i parts[4] = {
-                _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(q, 4), two)),
-                _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(q, 2), two)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(q, two)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(q, 2), two)),
-            };
+        for (int h = 0; h < 2; h++) {
+            __m256i u[4];
+            q6_k_quarters(b, h, u);
             for (int p = 0; p < 4; p++)
-                _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * p), _mm256_sub_epi8(parts[p], bias));
+                _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * p), _mm256_sub_epi8(u[p], _mm256_set1_epi8(32)));
         }
         for (int i = 0; i < 16; i++) s16[i] = d * (float)(int8_t)b[192 + i];
         for (int i = 0; i < 8; i++) m32[i] = 0;
@@ -491,19 +497,10 @@ static inline void k_quad(const uint8_t *qs, const uint8_t *fifth, int h, __m256
  * adds: block i's first sixteen weights in lane i, its last sixteen in lane 4 + i. */
 static inline __m256i quad_lanes(__m256i v) { return _mm256_permutevar8x32_epi32(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); }
 
-/* Q6_K quad h (the super-block's half of 128 weights, as ggml_unpack's): 64 bytes of low nibbles (A, B), 32 of
- * high pairs (H), blocks A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4 as unsigned codes
- * u (0..63; the weight's code is u - 32); the int8 sub-block scales times d per 16 weights and the zero point's
- * term 32 d sc (MIN 2). */
+/* Q6_K quad h (q6_k_quarters' unsigned codes u, the weight's code u - 32); the int8 sub-block scales times d per 16
+ * weights and the zero point's term 32 d sc (MIN 2). */
 static inline void q6_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
-    const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
-                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
-                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-    q->u[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
-    q->u[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
-    q->u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
-    q->u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
+    q6_k_quarters(b, h, q->u);
     const __m256i sc = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h))); /* scales 8h .. 8h + 7 */
     const float d = f16_at(b + 208);
     q->ws16 = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(quad_lanes(sc)));
