@@ -216,12 +216,28 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
         }                                                                                                        \
     } while (0)
 
+/* A thread's float accumulators for ggml_amx_slice, kept for its next call: memory fresh from the allocator on every
+ * call cost a page fault per 4 KiB, each a TLB shootdown on the other cores (a fifth of a 16-row decode step). */
+static float *amx_accumulators(int64_t floats) {
+    static __thread float *kept;
+    static __thread int64_t capacity;
+    if (floats > capacity) {
+        free(kept);
+        kept = aligned_alloc(64, sizeof(float) * floats);
+        capacity = floats;
+    }
+    return kept;
+}
+
+#define AMX_GROUP_FLOATS (64 * 1024) /* a group of weight tiles' accumulators (256 KiB: they stay in L2) */
+
 /* Weight rows [n0, n1) of one type (row n at blocks + n * row_bytes) against every activation row, into
- * y[m * ld + n - n0]. */
+ * y[m * ld + n - n0]: a group of weight tiles at a time, each walked a chunk of K at a time. */
 AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const AmxActs *a_, float *y,
                                int64_t ld) {
     const int64_t K = a_->K, T = a_->T, C = K / BLOCK, row_bytes = ggml_row_bytes(type, K);
     const int64_t tiles = (n1 - n0 + AMX_ROWS - 1) / AMX_ROWS, chunk_blocks = GGML_CHUNK / BLOCK;
+    const int64_t group = T * AMX_ROWS * AMX_ROWS < AMX_GROUP_FLOATS ? AMX_GROUP_FLOATS / (T * AMX_ROWS * AMX_ROWS) : 1;
     const int G = type == GGML_Q6_K ? 16 : 32, SB = BLOCK / G, PLANES = a_->planes;
     const int mins = type == GGML_Q4_1 || type == GGML_Q5_1 || type == GGML_Q4_K || type == GGML_Q5_K;
     AmxConfig cfg = {0};
@@ -230,36 +246,39 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
     cfg.rows[1] = cfg.rows[2] = (uint8_t)(G / 4), cfg.colsb[1] = cfg.colsb[2] = 64; /* activation planes */
     cfg.rows[3] = cfg.rows[4] = AMX_ROWS, cfg.colsb[3] = cfg.colsb[4] = 64;         /* int32 dots */
     _tile_loadconfig(&cfg);
-    float *accs = calloc((size_t)(tiles * T * AMX_ROWS * AMX_ROWS), sizeof(float));
+    float *accs = amx_accumulators((group < tiles ? group : tiles) * T * AMX_ROWS * AMX_ROWS);
     int8_t *codes = aligned_alloc(64, chunk_blocks * AMX_ROWS * BLOCK);
     float *s16 = malloc(sizeof(float) * chunk_blocks * 2 * AMX_ROWS), *m32 = malloc(sizeof(float) * chunk_blocks * AMX_ROWS);
     int32_t dots[2][2][AMX_ROWS * 16] __attribute__((aligned(64))); /* [stage][plane]: a sub-block's int32 dots */
-    for (int64_t k0 = 0; k0 < K; k0 += GGML_CHUNK) {
-        const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K, nb = (k1 - k0) / BLOCK;
-        for (int64_t nt = 0; nt < tiles; nt++) {
-            const int64_t n = n0 + nt * AMX_ROWS, rows = n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS;
-            /* the next tile's rows of this chunk, or after the last tile the first one's next chunk */
-            const int64_t ahead = nt + 1 < tiles ? AMX_ROWS * row_bytes
-                                                 : ggml_row_bytes(type, k1 - k0) - nt * AMX_ROWS * row_bytes;
-            amx_unpack(type, blocks, row_bytes, n, rows, k0, k1, ahead, codes, s16, m32);
-            for (int64_t t = 0; t < T; t++) {
-                float *out = accs + (nt * T + t) * AMX_ROWS * AMX_ROWS;
-                __m512 acc[AMX_ROWS];
-                for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_loadu_ps(out + r * AMX_ROWS);
-                WITH_PLANES(PLANES, AMX_PIPELINE(nb * SB, PL););
-                for (int r = 0; r < AMX_ROWS; r++) _mm512_storeu_ps(out + r * AMX_ROWS, acc[r]);
+    for (int64_t g0 = 0; g0 < tiles; g0 += group) {
+        const int64_t g1 = g0 + group < tiles ? g0 + group : tiles;
+        for (int64_t k0 = 0; k0 < K; k0 += GGML_CHUNK) {
+            const int64_t k1 = k0 + GGML_CHUNK < K ? k0 + GGML_CHUNK : K, nb = (k1 - k0) / BLOCK;
+            for (int64_t nt = g0; nt < g1; nt++) {
+                const int64_t n = n0 + nt * AMX_ROWS, rows = n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS;
+                /* the bytes unpacked next: the group's next tile, its first tile's next chunk, or the next group */
+                const int64_t next_nt = nt + 1 < g1 ? nt + 1 : k1 < K ? g0 : g1, next_k0 = nt + 1 < g1 ? k0 : k1 < K ? k1 : 0;
+                const int64_t ahead = (next_nt - nt) * AMX_ROWS * row_bytes + ggml_row_bytes(type, next_k0) - ggml_row_bytes(type, k0);
+                amx_unpack(type, blocks, row_bytes, n, rows, k0, k1, ahead, codes, s16, m32);
+                for (int64_t t = 0; t < T; t++) {
+                    float *out = accs + ((nt - g0) * T + t) * AMX_ROWS * AMX_ROWS;
+                    __m512 acc[AMX_ROWS];
+                    for (int r = 0; r < AMX_ROWS; r++) acc[r] = k0 ? _mm512_load_ps(out + r * AMX_ROWS) : _mm512_setzero_ps();
+                    WITH_PLANES(PLANES, AMX_PIPELINE(nb * SB, PL););
+                    for (int r = 0; r < AMX_ROWS; r++) _mm512_store_ps(out + r * AMX_ROWS, acc[r]);
+                }
             }
         }
+        for (int64_t nt = g0; nt < g1; nt++)
+            for (int64_t t = 0; t < T; t++) {
+                const float *out = accs + ((nt - g0) * T + t) * AMX_ROWS * AMX_ROWS;
+                for (int64_t r = 0; r < AMX_ROWS && nt * AMX_ROWS + r < n1 - n0; r++)
+                    for (int64_t j = 0; j < AMX_ROWS && t * AMX_ROWS + j < a_->M; j++)
+                        y[(t * AMX_ROWS + j) * ld + nt * AMX_ROWS + r] = out[r * AMX_ROWS + j];
+            }
     }
-    for (int64_t nt = 0; nt < tiles; nt++)
-        for (int64_t t = 0; t < T; t++) {
-            const float *out = accs + (nt * T + t) * AMX_ROWS * AMX_ROWS;
-            for (int64_t r = 0; r < AMX_ROWS && nt * AMX_ROWS + r < n1 - n0; r++)
-                for (int64_t j = 0; j < AMX_ROWS && t * AMX_ROWS + j < a_->M; j++)
-                    y[(t * AMX_ROWS + j) * ld + nt * AMX_ROWS + r] = out[r * AMX_ROWS + j];
-        }
     _tile_release();
-    free(accs), free(codes), free(s16), free(m32);
+    free(codes), free(s16), free(m32);
 }
 
 /* Whether any of the n segments of a ggml_segment_rows table reads the activations' codes (quantize_rows' planes,
