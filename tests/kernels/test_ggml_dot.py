@@ -95,10 +95,11 @@ def test_batches_give_the_dequantized_weights_product(qtype):
 def test_large_batches_give_the_dequantized_weights_product(qtype):
     """Batches of 128 rows and more, which on AVX2 at the default numerics meet the dequantized weight as floats
     (csrc ggml_float_slice): rows past one tile of the widened weight and short of a run of three, and rows longer
-    than the 1,024 weights a tile widens at a time (a chunk's tail short of one too, for the 32-weight types)."""
+    than the 1,024 weights a tile widens at a time (a chunk's tail short of one too, for the 32-weight types). On AMX,
+    1,000 rows are more than one group of weight tiles' accumulators holds (groups of four tiles, csrc ggml_amx_slice)."""
     cols = 5 * 256 if block_weights(qtype) == 256 else 51 * 32
     raw = random_blocks(qtype, 131, cols, 11)
-    for rows in (64, 130):
+    for rows in (64, 130, 1000):
         check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
 
 

@@ -83,9 +83,27 @@ static void amx_pack(const int8_t *qx, const float *dx, const float *xsum, int64
         }
 }
 
+#define AMX_M32_STRIDE (GGML_CHUNK / BLOCK)     /* floats of a weight row's mins in amx_unpack's buffers */
+#define AMX_S16_STRIDE (2 * GGML_CHUNK / BLOCK) /* and of its scales */
+
+/* Q4_K / Q5_K super-block b's eight scales d * sc at s[0..7] and mins dmin * m at m[0..7]: k_scales_mins' numbers,
+ * the twelve bytes' 6-bit fields taken four at a time from 32-bit words. */
+AMX static inline void amx_k_scales_mins(const uint8_t *b, float *s, float *m) {
+    uint32_t lo, mid, hi;
+    memcpy(&lo, b + 4, 4), memcpy(&mid, b + 8, 4), memcpy(&hi, b + 12, 4);
+    const uint32_t sc03 = lo & 0x3F3F3F3Fu, mn03 = mid & 0x3F3F3F3Fu;
+    const uint32_t sc47 = (hi & 0x0F0F0F0Fu) | ((lo >> 2) & 0x30303030u), mn47 = ((hi >> 4) & 0x0F0F0F0Fu) | ((mid >> 2) & 0x30303030u);
+    const __m512 fields = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03)));
+    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)), 1);
+    const __m512 v = _mm512_mul_ps(fields, d);
+    _mm256_storeu_ps(s, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(m, _mm512_extractf32x8_ps(v, 1));
+}
+
 /* Weight row r of a tile (its bytes at `row`), weights [k0, k1), unpacked for the tiles: signed codes u - zero
  * (ggml_unpack's, made here with the row kernels' vector code producers) at codes [block][r][32], scales at
- * s16 [block * 2 + half][r] (one per 16 weights), the mins met through xsum at m32 [block][r]. */
+ * s16 [r][sub-block] (one per 32 weights, per 16 for Q6_K), the mins met through xsum at m32 [r][block]: a row's
+ * scales side by side, stored a super-block at a time. */
 AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int64_t k1, int64_t r, int64_t ahead,
                                int8_t *codes, float *s16, float *m32) {
     const int zs = ggml_zero_shift(type);
@@ -93,8 +111,7 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
     const int64_t c0 = k0 / BLOCK;
 #define AMX_PUT(c, v) _mm256_store_si256((__m256i *)(codes + ((c) - c0) * AMX_ROWS * BLOCK + r * BLOCK), _mm256_sub_epi8(v, zero))
 #define AMX_PUT2(c, v) (AMX_PUT(c, _mm512_castsi512_si256(v)), AMX_PUT((c) + 1, _mm512_extracti64x4_epi64(v, 1)))
-#define AMX_SCALES(c, s, m) \
-    (s16[2 * ((c) - c0) * AMX_ROWS + r] = s16[(2 * ((c) - c0) + 1) * AMX_ROWS + r] = (s), m32[((c) - c0) * AMX_ROWS + r] = (m))
+#define AMX_SCALES(c, s, m) (s16[AMX_S16_STRIDE * r + (c) - c0] = (s), m32[AMX_M32_STRIDE * r + (c) - c0] = (m))
 #define AMX_ROW32(STRIDE, CODES1, MIN, SCALE1)                                                                   \
     for (int64_t c = c0; c < k1 / BLOCK; c++) {                                                                  \
         const uint8_t *b = row + c * (STRIDE);                                                                   \
@@ -116,10 +133,8 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
             const uint8_t *b = row + sb * (q5 ? 176 : 144);
             PREFETCH_SUPER(b, q5 ? 176 : 144);
-            float sc[8], mn[8];
-            k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, mn);
+            amx_k_scales_mins(b, s16 + AMX_S16_STRIDE * r + 8 * sb - c0, m32 + AMX_M32_STRIDE * r + 8 * sb - c0);
             for (int j = 0; j < 4; j++) AMX_PUT2(8 * sb + 2 * j, k_quant_codes(b, q5 ? 48 : 16, q5, j));
-            for (int i = 0; i < 8; i++) AMX_SCALES(8 * sb + i, sc[i], mn[i]);
         }
         break;
     }
@@ -133,9 +148,9 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
                 AMX_PUT2(8 * sb + 4 * h, w0);
                 AMX_PUT2(8 * sb + 4 * h + 2, w1);
             }
-            const float d = f16_at(b + 208);
-            for (int i = 0; i < 16; i++) s16[(2 * (8 * sb - c0) + i) * AMX_ROWS + r] = d * (float)(int8_t)b[192 + i];
-            for (int i = 0; i < 8; i++) m32[(8 * sb + i - c0) * AMX_ROWS + r] = 0.0f;
+            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))));
+            _mm512_storeu_ps(s16 + AMX_S16_STRIDE * r + 2 * (8 * sb - c0), _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), scales));
+            _mm256_storeu_ps(m32 + AMX_M32_STRIDE * r + 8 * sb - c0, _mm256_setzero_ps());
         }
         break;
     default: /* IQ4_XS */
@@ -161,8 +176,8 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
     const int64_t nb = (k1 - k0) / BLOCK;
     if (rows < AMX_ROWS) {
         memset(codes, 0, nb * AMX_ROWS * BLOCK);
-        memset(s16, 0, sizeof(float) * nb * 2 * AMX_ROWS);
-        memset(m32, 0, sizeof(float) * nb * AMX_ROWS);
+        memset(s16, 0, sizeof(float) * AMX_S16_STRIDE * AMX_ROWS);
+        memset(m32, 0, sizeof(float) * AMX_M32_STRIDE * AMX_ROWS);
     }
     for (int64_t r = 0; r < rows; r++) amx_unpack_row(type, blocks + (n + r) * row_bytes, k0, k1, r, ahead, codes, s16, m32);
 }
@@ -172,7 +187,7 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
  * planes (512 bytes apart), into tiles 3 and 4. */
 #define AMX_ISSUE(s, PL)                                                                                         \
     do {                                                                                                         \
-        const int64_t c_ = (s) / SB, g_ = (s) % SB, at_ = t * C + k0 / BLOCK + c_;                              \
+        const int64_t c_ = SB == 2 ? (s) >> 1 : (s), g_ = SB == 2 ? (s) & 1 : 0, at_ = t * C + k0 / BLOCK + c_;   \
         const int8_t *bt_ = a_->b + at_ * PLANES * 512 + g_ * 256;                                               \
         _tile_loadd(0, codes + c_ * AMX_ROWS * BLOCK + g_ * 16, 32);                                             \
         _tile_loadd(1, bt_, 64);                                                                                 \
@@ -187,18 +202,19 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
  * at hi / lo: scale * dx * (128 * hi + lo), and at a block's last part - min * xsum. */
 #define AMX_FLOAT(s, hi, lo, PL)                                                                                 \
     do {                                                                                                         \
-        const int64_t c_ = (s) / SB, at_ = t * C + k0 / BLOCK + c_;                                              \
+        const int64_t c_ = SB == 2 ? (s) >> 1 : (s), at_ = t * C + k0 / BLOCK + c_;                              \
         const __m512 dxv = _mm512_loadu_ps(a_->dx + at_ * AMX_ROWS);                                             \
-        const float *sc = s16 + (2 * c_ + (s) % SB) * AMX_ROWS;                                                  \
+        const float *sc = s16 + (s);                                                                             \
         for (int r = 0; r < AMX_ROWS; r++) {                                                                     \
             __m512i d = _mm512_load_si512((hi) + r * 16);                                                        \
             if (PL == 2) d = _mm512_add_epi32(_mm512_slli_epi32(d, 7), _mm512_load_si512((lo) + r * 16));        \
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dxv, _mm512_set1_ps(sc[r])), acc[r]);  \
+            const __m512 scale = _mm512_mul_ps(dxv, _mm512_set1_ps(sc[AMX_S16_STRIDE * r]));                     \
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);                                      \
         }                                                                                                        \
         if (mins && (s) % SB == SB - 1) {                                                                        \
             const __m512 xs = _mm512_loadu_ps(a_->xs + at_ * AMX_ROWS);                                          \
             for (int r = 0; r < AMX_ROWS; r++)                                                                   \
-                acc[r] = _mm512_fnmadd_ps(xs, _mm512_set1_ps(m32[c_ * AMX_ROWS + r]), acc[r]);                   \
+                acc[r] = _mm512_fnmadd_ps(xs, _mm512_set1_ps(m32[AMX_M32_STRIDE * r + c_]), acc[r]);             \
         }                                                                                                        \
     } while (0)
 
@@ -248,7 +264,7 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
     _tile_loadconfig(&cfg);
     float *accs = amx_accumulators((group < tiles ? group : tiles) * T * AMX_ROWS * AMX_ROWS);
     int8_t *codes = aligned_alloc(64, chunk_blocks * AMX_ROWS * BLOCK);
-    float *s16 = malloc(sizeof(float) * chunk_blocks * 2 * AMX_ROWS), *m32 = malloc(sizeof(float) * chunk_blocks * AMX_ROWS);
+    float *s16 = malloc(sizeof(float) * AMX_S16_STRIDE * AMX_ROWS), *m32 = malloc(sizeof(float) * AMX_M32_STRIDE * AMX_ROWS);
     int32_t dots[2][2][AMX_ROWS * 16] __attribute__((aligned(64))); /* [stage][plane]: a sub-block's int32 dots */
     for (int64_t g0 = 0; g0 < tiles; g0 += group) {
         const int64_t g1 = g0 + group < tiles ? g0 + group : tiles;
