@@ -24,7 +24,9 @@
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define AMX_ROWS 16 /* a tile's rows: weight rows per weight tile, activation rows per activation tile */
-#define AMX_MIN_ROWS 8 /* batches of at least this many rows take the tiles (fewer: the VNNI rows are faster; 8,192 x 2,048 at 8 rows: Q4_K 1.5 ms against 2.0, Q6_K 2.2 against 2.7; at 6 even or slower) */
+/* Batches of at least this many rows take the tiles; fewer, the VNNI rows are faster (8,192 x 2,048 at 8 rows: Q4_K
+ * 1.5 ms against 2.0, Q6_K 2.2 against 2.7; at 6 rows even or slower). */
+#define AMX_MIN_ROWS 8
 
 /* Whether the CPU has AMX-INT8 and this process may use its tile data (Linux asks each process to request
  * it: arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA). */
@@ -87,20 +89,6 @@ static void amx_pack(const int8_t *qx, const float *dx, const float *xsum, int64
 #define AMX_M32_STRIDE (GGML_CHUNK / BLOCK)     /* floats of a weight row's mins in amx_unpack's buffers */
 #define AMX_S16_STRIDE (2 * GGML_CHUNK / BLOCK) /* and of its scales */
 
-/* Q4_K / Q5_K super-block b's eight scales d * sc at s[0..7] and mins dmin * m at m[0..7]: k_scales_mins' numbers,
- * the twelve bytes' 6-bit fields taken four at a time from 32-bit words. */
-AMX static inline void amx_k_scales_mins(const uint8_t *b, float *s, float *m) {
-    uint32_t lo, mid, hi;
-    memcpy(&lo, b + 4, 4), memcpy(&mid, b + 8, 4), memcpy(&hi, b + 12, 4);
-    const uint32_t sc03 = lo & 0x3F3F3F3Fu, mn03 = mid & 0x3F3F3F3Fu;
-    const uint32_t sc47 = (hi & 0x0F0F0F0Fu) | ((lo >> 2) & 0x30303030u), mn47 = ((hi >> 4) & 0x0F0F0F0Fu) | ((mid >> 2) & 0x30303030u);
-    const __m512 fields = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32((int)mn47, (int)mn03, (int)sc47, (int)sc03)));
-    const __m512 d = _mm512_insertf32x8(_mm512_set1_ps(f16_at(b)), _mm256_set1_ps(f16_at(b + 2)), 1);
-    const __m512 v = _mm512_mul_ps(fields, d);
-    _mm256_storeu_ps(s, _mm512_castps512_ps256(v));
-    _mm256_storeu_ps(m, _mm512_extractf32x8_ps(v, 1));
-}
-
 /* Weight row r of a tile (its bytes at `row`), weights [k0, k1), unpacked for the tiles: signed codes u - zero
  * (ggml_unpack's, made here with the row kernels' vector code producers) at codes [block][r][32], scales at
  * s16 [r][sub-block] (one per 32 weights, per 16 for Q6_K), the mins met through xsum at m32 [r][block]: a row's
@@ -134,7 +122,9 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
             const uint8_t *b = row + sb * (q5 ? 176 : 144);
             PREFETCH_SUPER(b, q5 ? 176 : 144);
-            amx_k_scales_mins(b, s16 + AMX_S16_STRIDE * r + 8 * sb - c0, m32 + AMX_M32_STRIDE * r + 8 * sb - c0);
+            K_SCALES
+            _mm256_storeu_ps(s16 + AMX_S16_STRIDE * r + 8 * sb - c0, sc8);
+            _mm256_storeu_ps(m32 + AMX_M32_STRIDE * r + 8 * sb - c0, mn8);
             for (int j = 0; j < 4; j++) AMX_PUT2(8 * sb + 2 * j, k_quant_codes(b, q5 ? 48 : 16, q5, j));
         }
         break;
@@ -150,7 +140,8 @@ AMX static void amx_unpack_row(int64_t type, const uint8_t *row, int64_t k0, int
                 AMX_PUT2(8 * sb + 4 * h + 2, w1);
             }
             const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 192))));
-            _mm512_storeu_ps(s16 + AMX_S16_STRIDE * r + 2 * (8 * sb - c0), _mm512_mul_ps(_mm512_set1_ps(f16_at(b + 208)), scales));
+            const __m512 d = _mm512_set1_ps(f16_at(b + 208));
+            _mm512_storeu_ps(s16 + AMX_S16_STRIDE * r + 2 * (8 * sb - c0), _mm512_mul_ps(d, scales));
             _mm256_storeu_ps(m32 + AMX_M32_STRIDE * r + 8 * sb - c0, _mm256_setzero_ps());
         }
         break;
@@ -186,9 +177,11 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
 /* The tiles' part of sub-block s (block s / SB, its part s % SB of G weights; SB = 32 / G, G 32, or 16 for
  * Q6_K whose scales are per 16): weight rows' codes (16 rows of 32 bytes a block) times activation tile t's
  * planes (512 bytes apart), into tiles 3 and 4. */
+#define AMX_BLOCK(s) (SB == 2 ? (s) >> 1 : (s)) /* sub-block s's block (SB: 1 or 2, a division without idiv) */
+#define AMX_PART(s) (SB == 2 ? (s) & 1 : 0)     /* and its part of it */
 #define AMX_ISSUE(s, PL)                                                                                         \
     do {                                                                                                         \
-        const int64_t c_ = SB == 2 ? (s) >> 1 : (s), g_ = SB == 2 ? (s) & 1 : 0, at_ = t * C + k0 / BLOCK + c_;   \
+        const int64_t c_ = AMX_BLOCK(s), g_ = AMX_PART(s), at_ = t * C + k0 / BLOCK + c_;                        \
         const int8_t *bt_ = a_->b + at_ * PLANES * 512 + g_ * 256;                                               \
         _tile_loadd(0, codes + c_ * AMX_ROWS * BLOCK + g_ * 16, 32);                                             \
         _tile_loadd(1, bt_, 64);                                                                                 \
@@ -203,7 +196,7 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
  * at hi / lo: scale * dx * (128 * hi + lo), and at a block's last part - min * xsum. */
 #define AMX_FLOAT(s, hi, lo, PL)                                                                                 \
     do {                                                                                                         \
-        const int64_t c_ = SB == 2 ? (s) >> 1 : (s), at_ = t * C + k0 / BLOCK + c_;                              \
+        const int64_t c_ = AMX_BLOCK(s), at_ = t * C + k0 / BLOCK + c_;                                         \
         const __m512 dxv = _mm512_loadu_ps(a_->dx + at_ * AMX_ROWS);                                             \
         const float *sc = s16 + (s);                                                                             \
         for (int r = 0; r < AMX_ROWS; r++) {                                                                     \
@@ -212,7 +205,7 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
             const __m512 scale = _mm512_mul_ps(dxv, _mm512_set1_ps(sc[AMX_S16_STRIDE * r]));                     \
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), scale, acc[r]);                                      \
         }                                                                                                        \
-        if (mins && (s) % SB == SB - 1) {                                                                        \
+        if (mins && AMX_PART(s) == SB - 1) {                                                                     \
             const __m512 xs = _mm512_loadu_ps(a_->xs + at_ * AMX_ROWS);                                          \
             for (int r = 0; r < AMX_ROWS; r++)                                                                   \
                 acc[r] = _mm512_fnmadd_ps(xs, _mm512_set1_ps(m32[AMX_M32_STRIDE * r + c_]), acc[r]);             \
@@ -281,7 +274,8 @@ AMX static void ggml_amx_slice(int64_t type, const uint8_t *blocks, int64_t n0, 
                 const int64_t n = n0 + nt * AMX_ROWS, rows = n1 - n < AMX_ROWS ? n1 - n : AMX_ROWS;
                 /* the bytes unpacked next: the group's next tile, its first tile's next chunk, or the next group */
                 const int64_t next_nt = nt + 1 < g1 ? nt + 1 : k1 < K ? g0 : g1, next_k0 = nt + 1 < g1 ? k0 : k1 < K ? k1 : 0;
-                const int64_t ahead = (next_nt - nt) * AMX_ROWS * row_bytes + ggml_row_bytes(type, next_k0) - ggml_row_bytes(type, k0);
+                const int64_t ahead =
+                    (next_nt - nt) * AMX_ROWS * row_bytes + ggml_row_bytes(type, next_k0) - ggml_row_bytes(type, k0);
                 amx_unpack(type, blocks, row_bytes, n, rows, k0, k1, ahead, codes, s16, m32);
                 for (int64_t t = 0; t < T; t++) {
                     float *out = accs + ((nt - g0) * T + t) * AMX_ROWS * AMX_ROWS;

@@ -1083,9 +1083,9 @@ static inline __attribute__((always_inline)) __m256 float8(const uint8_t *p, con
 
 /* NR weight rows (w, `stride` bytes apart, SRC's floats) against MR activation rows x [MR, K] over their first kn
  * columns, into out[m * ld + r] (add: added to it): NR x MR float32 multiply-add chains, eight weights a step. */
-static inline __attribute__((always_inline)) void half_rows(const uint8_t *w, int64_t stride, const float *x, int64_t K,
-                                                            int64_t kn, float *out, int64_t ld, int add, const int NR,
-                                                            const int MR, const int SRC) {
+static inline __attribute__((always_inline)) void float_run(const uint8_t *w, int64_t stride, const float *x, int64_t K,
+                                                           int64_t kn, float *out, int64_t ld, int add, const int NR,
+                                                           const int MR, const int SRC) {
     const int bytes = SRC == 0 ? 4 : 2;
     __m256 acc[4][4];
     for (int r = 0; r < NR; r++)
@@ -1139,13 +1139,13 @@ static void ggml_row_floats(int64_t type, const uint8_t *row, int64_t k0, int64_
     }
 }
 
-/* half_rows for NR (literal) weight rows at w against mr (1 .. 4) activation rows. */
-#define HALF_RUN(NR, SRC)                                                                                          \
+/* float_run for NR (literal) weight rows at w against mr (1 .. 4) activation rows. */
+#define FLOAT_RUN(NR, SRC)                                                                                          \
     switch (mr) {                                                                                                  \
-    case 1: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 1, SRC); break;                                      \
-    case 2: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 2, SRC); break;                                      \
-    case 3: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 3, SRC); break;                                      \
-    default: half_rows(w, stride, xm, K, kn, out, ld, add, NR, 4, SRC); break;                                     \
+    case 1: float_run(w, stride, xm, K, kn, out, ld, add, NR, 1, SRC); break;                                      \
+    case 2: float_run(w, stride, xm, K, kn, out, ld, add, NR, 2, SRC); break;                                      \
+    case 3: float_run(w, stride, xm, K, kn, out, ld, add, NR, 3, SRC); break;                                      \
+    default: float_run(w, stride, xm, K, kn, out, ld, add, NR, 4, SRC); break;                                     \
     }
 
 /* Weight rows [n0, n1) against M float activation rows, into y[m * ld + n - n0], in float32 on the weights as
@@ -1175,12 +1175,12 @@ static void ggml_float_slice(int64_t type, const uint8_t *blocks, int64_t n0, in
                     const uint8_t *w = tiled ? (const uint8_t *)(w32 + (n - t0) * KC) : blocks + n * row_bytes;
                     float *out = y + m0 * ld + n - n0;
                     const int whole = t1 - n >= NR;
-                    if (tiled && whole) HALF_RUN(3, 0)
-                    else if (tiled) HALF_RUN(1, 0)
-                    else if (whole && src == 1) HALF_RUN(4, 1)
-                    else if (whole) HALF_RUN(4, 2)
-                    else if (src == 1) HALF_RUN(1, 1)
-                    else HALF_RUN(1, 2)
+                    if (tiled && whole) FLOAT_RUN(3, 0)
+                    else if (tiled) FLOAT_RUN(1, 0)
+                    else if (whole && src == 1) FLOAT_RUN(4, 1)
+                    else if (whole) FLOAT_RUN(4, 2)
+                    else if (src == 1) FLOAT_RUN(1, 1)
+                    else FLOAT_RUN(1, 2)
                     n += whole ? NR : 1;
                 }
             }
@@ -1188,7 +1188,7 @@ static void ggml_float_slice(int64_t type, const uint8_t *blocks, int64_t n0, in
     }
     free(w32);
 }
-#undef HALF_RUN
+#undef FLOAT_RUN
 
 /* Whether M activation rows meet `type` as floats (ggml_float_slice): F16 / BF16 always; the quantized types
  * for a batch at the default two activation planes on AVX2, where the panels' two maddubs per 32 products make
