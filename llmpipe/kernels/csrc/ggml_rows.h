@@ -16,8 +16,8 @@
  *
  * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: four blocks of 32 a
  * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
- * unpacked side by side (ggml_panels_avx2). ggml_unpack (a block to signed codes in memory) serves the panels,
- * the AMX tiles and a row's last blocks short of a quad. The portable path and the reference in the tests
+ * unpacked side by side (ggml_panels_avx2). ggml_unpack (a block to signed codes in memory) serves the panels
+ * and a batch's float tiles. The portable path and the reference in the tests
  * dequantize in PyTorch (gguf_quants.py). */
 #pragma once
 #include <immintrin.h>
@@ -190,106 +190,6 @@ static inline void q6_k_quarters(const uint8_t *b, int h, __m256i *u) {
     u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
 }
 
-/* ---- a block unpacked to signed codes (the panels, AMX tiles, a row's last blocks short of a quad) -- */
-
-/* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
- * (one per 16 weights), mins float [W / 32] (the min types; else zeros) — Q2_K's [W / 16], a min per 16. */
-static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float *s16, float *m32) {
-    switch (t) {
-    case GGML_Q2_K: {
-        const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(codes + 32 * j), two_bit_block(b + 16, j));
-        for (int i = 0; i < 16; i++) s16[i] = d * (float)(b[i] & 0xF), m32[i] = dmin * (float)(b[i] >> 4);
-        return;
-    }
-    case GGML_Q3_K: {
-        int8_t sc[16];
-        _mm_storeu_si128((__m128i *)sc, q3_k_scales(b + 96));
-        for (int j = 0; j < 8; j++)
-            _mm256_storeu_si256((__m256i *)(codes + 32 * j), _mm256_sub_epi8(q3_k_block(b, j), _mm256_set1_epi8(4)));
-        for (int i = 0; i < 16; i++) s16[i] = f16_at(b + 108) * (float)sc[i];
-        for (int i = 0; i < 8; i++) m32[i] = 0;
-        return;
-    }
-    case GGML_Q8_0:
-        memcpy(codes, b + 2, 32);
-        s16[0] = s16[1] = f16_at(b), m32[0] = 0;
-        return;
-    case GGML_Q4_1: case GGML_Q5_0: case GGML_Q5_1: {
-        const int has_min = t != GGML_Q5_0, five = t != GGML_Q4_1;
-        const uint8_t *qs = b + (t == GGML_Q4_1 ? 4 : t == GGML_Q5_0 ? 6 : 8);
-        uint32_t fifth = 0;
-        if (five) memcpy(&fifth, b + (t == GGML_Q5_0 ? 2 : 4), 4);
-        for (int j = 0; j < 16; j++) {
-            const int lo = (qs[j] & 0xF) | (int)(((fifth >> j) & 1) << 4), hi = (qs[j] >> 4) | (int)(((fifth >> (j + 16)) & 1) << 4);
-            codes[j] = (int8_t)(has_min ? lo : lo - 16), codes[j + 16] = (int8_t)(has_min ? hi : hi - 16);
-        }
-        s16[0] = s16[1] = f16_at(b), m32[0] = has_min ? -f16_at(b + 2) : 0;
-        return;
-    }
-    case GGML_Q4_0: case GGML_IQ4_NL: case GGML_MXFP4: {
-        const int mx = t == GGML_MXFP4;
-        const uint8_t *qs = b + (mx ? 1 : 2), *book = mx ? MXFP4_U8 : IQ4_U8;
-        for (int j = 0; j < 16; j++) {
-            const int lo = qs[j] & 0xF, hi = qs[j] >> 4;
-            codes[j] = (int8_t)(t == GGML_Q4_0 ? lo - 8 : book[lo] - 128);
-            codes[j + 16] = (int8_t)(t == GGML_Q4_0 ? hi - 8 : book[hi] - 128);
-        }
-        s16[0] = s16[1] = mx ? e8m0_at(b) : f16_at(b), m32[0] = 0;
-        return;
-    }
-    case GGML_Q4_K: { /* the nibbles of 32 bytes at a time (a scalar loop made decode unpack-bound on AVX2) */
-        float sc[8];
-        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
-        const __m256i low = _mm256_set1_epi8(0xF);
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * j));
-            _mm256_storeu_si256((__m256i *)(codes + 64 * j), _mm256_and_si256(q, low));
-            _mm256_storeu_si256((__m256i *)(codes + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(q, 4), low));
-        }
-        for (int i = 0; i < 16; i++) s16[i] = sc[i / 2];
-        return;
-    }
-    case GGML_Q5_K: {
-        float sc[8];
-        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
-        const uint8_t *qs = b + (t == GGML_Q4_K ? 16 : 48), *qh = b + 16;
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 32; l++) {
-                int lo = qs[32 * j + l] & 0xF, hi = qs[32 * j + l] >> 4;
-                if (t == GGML_Q5_K) lo |= ((qh[l] >> (2 * j)) & 1) << 4, hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
-                codes[64 * j + l] = (int8_t)lo, codes[64 * j + 32 + l] = (int8_t)hi;
-            }
-        for (int i = 0; i < 16; i++) s16[i] = sc[i / 2];
-        return;
-    }
-    case GGML_Q6_K: {
-        const float d = f16_at(b + 208);
-        for (int h = 0; h < 2; h++) {
-            __m256i u[4];
-            q6_k_quarters(b, h, u);
-            for (int p = 0; p < 4; p++)
-                _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * p), _mm256_sub_epi8(u[p], _mm256_set1_epi8(32)));
-        }
-        for (int i = 0; i < 16; i++) s16[i] = d * (float)(int8_t)b[192 + i];
-        for (int i = 0; i < 8; i++) m32[i] = 0;
-        return;
-    }
-    default: { /* IQ4_XS */
-        float sc[8];
-        iq4_xs_scales(b, sc);
-        for (int i = 0; i < 8; i++) {
-            for (int j = 0; j < 16; j++) {
-                codes[32 * i + j] = (int8_t)(IQ4_U8[b[8 + 16 * i + j] & 0xF] - 128);
-                codes[32 * i + 16 + j] = (int8_t)(IQ4_U8[b[8 + 16 * i + j] >> 4] - 128);
-            }
-            s16[2 * i] = s16[2 * i + 1] = sc[i], m32[i] = 0;
-        }
-        return;
-    }
-    }
-}
-
 /* ---- AVX2: four blocks of 32 at a time, straight from the file's bytes ---------------------------- */
 
 /* Four consecutive blocks of 32 weights in registers. u[i]: block i's 32 codes as maddubs' unsigned operand —
@@ -374,35 +274,51 @@ static inline void quad_signed(Avx2Quad *q) {
     q->mins = _mm_setzero_ps();
 }
 
+/* Sixteen bytes of nibbles at p looked up in a codebook (signed_book's): 32 signed codes, in element order. */
+static inline __m256i book_codes(__m256i book, const uint8_t *p) { return _mm256_shuffle_epi8(book, int4_codes(p)); }
+
+/* One block of a 32-weight type at b as maddubs' codes, the quads' u for the unsigned types (Q4_0, Q4_1, Q5_0,
+ * Q5_1: u, the weight's code u - zero or u against a min) and their w for the signed ones (Q8_0 and the codebooks:
+ * the weight's code itself). */
+static inline __attribute__((always_inline)) __m256i block32_codes(int64_t t, const uint8_t *b) {
+    switch (t) {
+    case GGML_Q4_0: return int4_codes(b + 2);
+    case GGML_Q4_1: return int4_codes(b + 4);
+    case GGML_Q5_0: return _mm256_or_si256(int4_codes(b + 6), fifth_bits(b + 2));
+    case GGML_Q5_1: return _mm256_or_si256(int4_codes(b + 8), fifth_bits(b + 4));
+    case GGML_Q8_0: return _mm256_loadu_si256((const __m256i *)(b + 2));
+    case GGML_IQ4_NL: return book_codes(signed_book(IQ4_U8), b + 2);
+    default: return book_codes(signed_book(MXFP4_U8), b + 1); /* MXFP4 */
+    }
+}
+
 /* The 32-weight types' quads: four blocks of S bytes at b. */
 static inline void q4_0_quad(const uint8_t *b, Avx2Quad *q) {
-    for (int i = 0; i < 4; i++) q->u[i] = int4_codes(b + 18 * i + 2);
+    for (int i = 0; i < 4; i++) q->u[i] = block32_codes(GGML_Q4_0, b + 18 * i);
     q->ws = f16_quad(b, 18), q->mins = _mm_mul_ps(q->ws, _mm_set1_ps(8));
 }
 static inline void q4_1_quad(const uint8_t *b, Avx2Quad *q) {
-    for (int i = 0; i < 4; i++) q->u[i] = int4_codes(b + 20 * i + 4);
+    for (int i = 0; i < 4; i++) q->u[i] = block32_codes(GGML_Q4_1, b + 20 * i);
     q->ws = f16_quad(b, 20), q->mins = _mm_sub_ps(_mm_setzero_ps(), f16_quad(b + 2, 20));
 }
 static inline void q5_0_quad(const uint8_t *b, Avx2Quad *q) {
-    for (int i = 0; i < 4; i++) q->u[i] = _mm256_or_si256(int4_codes(b + 22 * i + 6), fifth_bits(b + 22 * i + 2));
+    for (int i = 0; i < 4; i++) q->u[i] = block32_codes(GGML_Q5_0, b + 22 * i);
     q->ws = f16_quad(b, 22), q->mins = _mm_mul_ps(q->ws, _mm_set1_ps(16));
 }
 static inline void q5_1_quad(const uint8_t *b, Avx2Quad *q) {
-    for (int i = 0; i < 4; i++) q->u[i] = _mm256_or_si256(int4_codes(b + 24 * i + 8), fifth_bits(b + 24 * i + 4));
+    for (int i = 0; i < 4; i++) q->u[i] = block32_codes(GGML_Q5_1, b + 24 * i);
     q->ws = f16_quad(b, 24), q->mins = _mm_sub_ps(_mm_setzero_ps(), f16_quad(b + 2, 24));
 }
 static inline void q8_0_quad(const uint8_t *b, Avx2Quad *q) {
-    for (int i = 0; i < 4; i++) q->w[i] = _mm256_loadu_si256((const __m256i *)(b + 34 * i + 2));
+    for (int i = 0; i < 4; i++) q->w[i] = block32_codes(GGML_Q8_0, b + 34 * i);
     quad_signed(q), q->ws = f16_quad(b, 34);
 }
 static inline void iq4_nl_quad(const uint8_t *b, Avx2Quad *q) {
-    const __m256i book = signed_book(IQ4_U8);
-    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 18 * i + 2));
+    for (int i = 0; i < 4; i++) q->w[i] = block32_codes(GGML_IQ4_NL, b + 18 * i);
     quad_signed(q), q->ws = f16_quad(b, 18);
 }
 static inline void mxfp4_quad(const uint8_t *b, Avx2Quad *q) {
-    const __m256i book = signed_book(MXFP4_U8);
-    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 17 * i + 1));
+    for (int i = 0; i < 4; i++) q->w[i] = block32_codes(GGML_MXFP4, b + 17 * i);
     quad_signed(q), q->ws = _mm_setr_ps(e8m0_at(b), e8m0_at(b + 17), e8m0_at(b + 34), e8m0_at(b + 51));
 }
 
@@ -474,22 +390,27 @@ static inline __m128 half_of(__m256 v, int h) { return h ? _mm256_extractf128_ps
     const __m256 mn8 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)),                                                \
                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed_, 8))));
 
-/* Q4_K / Q5_K quad h: sub-blocks 4h .. 4h + 3, the low and high nibbles of 32 bytes each at qs + 64h (+ 32);
- * Q5_K's fifth bits (fifth != NULL): bit 4h + i of its 32 bytes for sub-block 4h + i. */
-static inline void k_quad(const uint8_t *qs, const uint8_t *fifth, int h, __m256 sc8, __m256 mn8, Avx2Quad *q) {
+/* Q4_K / Q5_K: sub-blocks 4h .. 4h + 3 as unsigned codes u, the low and high nibbles of 32 bytes each at qs + 64h
+ * (+ 32); Q5_K's fifth bits (fifth != NULL): bit 4h + i of its 32 bytes for sub-block 4h + i. */
+static inline __attribute__((always_inline)) void k_quad_codes(const uint8_t *qs, const uint8_t *fifth, int h, __m256i *u) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int j = 0; j < 2; j++) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h + 32 * j));
-        q->u[2 * j] = _mm256_and_si256(v, low), q->u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        u[2 * j] = _mm256_and_si256(v, low), u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
-    if (fifth) {
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)fifth);
+    if (fifth) { /* bit p of each byte shifted to bit 4: within the byte for shifts of at most 4 left, 3 right */
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)fifth), four = _mm256_set1_epi8(16);
         for (int i = 0; i < 4; i++) {
-            const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + i)));
-            q->u[i] = _mm256_or_si256(q->u[i], _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit),
-                                                                _mm256_set1_epi8(16)));
+            const int p = 4 * h + i;
+            const __m256i moved = p <= 4 ? _mm256_slli_epi16(bits, 4 - p) : _mm256_srli_epi16(bits, p - 4);
+            u[i] = _mm256_or_si256(u[i], _mm256_and_si256(moved, four));
         }
     }
+}
+
+/* Q4_K / Q5_K quad h: k_quad_codes, with the sub-blocks' scales and mins (K_SCALES' sc8, mn8). */
+static inline void k_quad(const uint8_t *qs, const uint8_t *fifth, int h, __m256 sc8, __m256 mn8, Avx2Quad *q) {
+    k_quad_codes(qs, fifth, h, q->u);
     q->ws = half_of(sc8, h), q->mins = half_of(mn8, h);
 }
 
@@ -530,7 +451,7 @@ static inline void q2_k_quad(const uint8_t *b, int h, Avx2Quad *q) {
 /* IQ4_XS quad h: sub-blocks 4h .. 4h + 3 (16 bytes of nibbles each at b + 8, IQ4_NL's), codebook values. */
 static inline void iq4_xs_quad(const uint8_t *b, int h, __m256 sc8, Avx2Quad *q) {
     const __m256i book = signed_book(IQ4_U8);
-    for (int i = 0; i < 4; i++) q->w[i] = _mm256_shuffle_epi8(book, int4_codes(b + 8 + 16 * (4 * h + i)));
+    for (int i = 0; i < 4; i++) q->w[i] = book_codes(book, b + 8 + 16 * (4 * h + i));
     quad_signed(q), q->ws = half_of(sc8, h);
 }
 
@@ -541,6 +462,72 @@ DEFINE_AVX2_ROW_K(ggml_row_avx2_q3_k, 110, Q3_SCALES, q3_k_quad(b, h, sc3, &q), 
 DEFINE_AVX2_ROW_K(ggml_row_avx2_q2_k, 84, , q2_k_quad(b, h, &q), 0, 2)
 DEFINE_AVX2_ROW_K(ggml_row_avx2_iq4_xs, 136, float sc_[8]; iq4_xs_scales(b, sc_); const __m256 sc8 = _mm256_loadu_ps(sc_);,
                   iq4_xs_quad(b, h, sc8, &q), 1, 0)
+
+/* ---- a block unpacked to signed codes (the panels, a batch's float tiles) ---------------------------- */
+
+/* One block of type t (W weights) → codes int8 [W] (u - zero, or u for the min types), scales float [W / 16]
+ * (one per 16 weights), mins float [W / 32] (the min types; else zeros) — Q2_K's [W / 16], a min per 16. The
+ * codes come from the AVX2 rows' own producers, 32 at a time (a scalar loop made batches unpack-bound). */
+static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float *s16, float *m32) {
+    switch (t) {
+    case GGML_Q2_K: {
+        const float d = f16_at(b + 80), dmin = f16_at(b + 82);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(codes + 32 * j), two_bit_block(b + 16, j));
+        for (int i = 0; i < 16; i++) s16[i] = d * (float)(b[i] & 0xF), m32[i] = dmin * (float)(b[i] >> 4);
+        return;
+    }
+    case GGML_Q3_K: {
+        int8_t sc[16];
+        _mm_storeu_si128((__m128i *)sc, q3_k_scales(b + 96));
+        for (int j = 0; j < 8; j++)
+            _mm256_storeu_si256((__m256i *)(codes + 32 * j), _mm256_sub_epi8(q3_k_block(b, j), _mm256_set1_epi8(4)));
+        for (int i = 0; i < 16; i++) s16[i] = f16_at(b + 108) * (float)sc[i];
+        for (int i = 0; i < 8; i++) m32[i] = 0;
+        return;
+    }
+    case GGML_Q4_K: case GGML_Q5_K: {
+        const int q5 = t == GGML_Q5_K;
+        float sc[8];
+        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
+        for (int h = 0; h < 2; h++) {
+            __m256i u[4];
+            k_quad_codes(b + (q5 ? 48 : 16), q5 ? b + 16 : NULL, h, u);
+            for (int i = 0; i < 4; i++) _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * i), u[i]);
+        }
+        for (int i = 0; i < 16; i++) s16[i] = sc[i / 2];
+        return;
+    }
+    case GGML_Q6_K: {
+        const float d = f16_at(b + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i u[4];
+            q6_k_quarters(b, h, u);
+            for (int p = 0; p < 4; p++)
+                _mm256_storeu_si256((__m256i *)(codes + 128 * h + 32 * p), _mm256_sub_epi8(u[p], _mm256_set1_epi8(32)));
+        }
+        for (int i = 0; i < 16; i++) s16[i] = d * (float)(int8_t)b[192 + i];
+        for (int i = 0; i < 8; i++) m32[i] = 0;
+        return;
+    }
+    case GGML_IQ4_XS: {
+        float sc[8];
+        iq4_xs_scales(b, sc);
+        const __m256i book = signed_book(IQ4_U8);
+        for (int i = 0; i < 8; i++) {
+            _mm256_storeu_si256((__m256i *)(codes + 32 * i), book_codes(book, b + 8 + 16 * i));
+            s16[2 * i] = s16[2 * i + 1] = sc[i], m32[i] = 0;
+        }
+        return;
+    }
+    default: { /* the 32-weight types: Q4_0 and Q5_0 less their zero point; the min types' mins negated */
+        const int zs = ggml_zero_shift(t), min = zs < 0;
+        const __m256i zero = _mm256_set1_epi8(zs == 3 || zs == 4 ? (char)(1 << zs) : 0);
+        _mm256_storeu_si256((__m256i *)codes, _mm256_sub_epi8(block32_codes(t, b), zero));
+        s16[0] = s16[1] = t == GGML_MXFP4 ? e8m0_at(b) : f16_at(b), m32[0] = min ? -f16_at(b + 2) : 0;
+        return;
+    }
+    }
+}
 
 /* ---- AVX512-VNNI: two blocks of 32 a dpbusd, straight from the file's bytes ----------------------- */
 
