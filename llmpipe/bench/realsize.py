@@ -6,7 +6,7 @@ Once per machine: llama.cpp's tools and its HF → GGUF converter come from the 
 (peers.build, AMX left out where the CPU has it); per model, a random-weight checkpoint of the
 published config (realsize_checkpoint) goes through llama.cpp's own converter (bfloat16) and
 llama-quantize into ~/.cache/llmpipe/realsize/<model>-<type>.gguf, the intermediates deleted.
-Then per (model, type), each engine in a fresh process: load seconds to ready and peak RSS, batch-1
+Then per (model, type), each engine in a fresh process: load seconds to ready and peak RSS (the whole run's), batch-1
 decode tg128, prefill pp512 and 16 × 128/128 batched tokens/s, side by side with the ratios
 llmpipe / llama.cpp and each decode as a share of the streaming-bandwidth roofline measured in the run.
 """
@@ -29,7 +29,7 @@ from typing import Any
 from llmpipe.bench import peers
 from llmpipe.bench.realsize_checkpoint import SHAPES, Shape, write_checkpoint
 from llmpipe.bench.report import write_json
-from llmpipe.config import ACTIVATION_QUANTIZATIONS
+from llmpipe.config import ACTIVATION_QUANTIZATIONS, parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,11 @@ def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["peak_rss"] = max(result["ru_maxrss"], result["vm_hwm"])
+    result["peak_rss_ready"] = max(result["ru_maxrss"], result["vm_hwm"])
     result["process_max_rss"] = done.max_rss
+    # The whole run's peak, as llama.cpp's figure is its process's (whose compute buffers are sized when its
+    # context is made): a batch's activations come after ready.
+    result["peak_rss"] = max(result["peak_rss_ready"], done.max_rss)
     return result
 
 
@@ -252,10 +255,22 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
     ours = {act: run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions, act)
             for act in args.activations}
     theirs = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens, args.repetitions)
+    row["predicted_peak_rss"] = predicted_peak_rss(gguf, kv)
     rows = [{**row, "activations": act, "llmpipe": result, "llama.cpp": theirs} for act, result in ours.items()]
     for each in rows:
         add_ratios(each, bandwidth)
     return rows
+
+
+def predicted_peak_rss(gguf: Path, kv_cache_memory: str) -> int:
+    """`llmpipe memory`'s process peak for this file beside the run's KV pool (whole): the runtime, the weights as
+    the engine loads them and a step of max_num_batched_tokens tokens' activations."""
+    from llmpipe.diagnose.memory import RUNTIME_BYTES, STEP_TOKENS, step_bytes, weight_bytes
+    from llmpipe.loader import load_checkpoint
+
+    checkpoint = load_checkpoint(str(gguf))
+    weights = weight_bytes(checkpoint.config, "float32", "auto", stored=getattr(checkpoint.source, "stored_bytes", None))
+    return RUNTIME_BYTES + weights.resident + parse_bytes(kv_cache_memory) + step_bytes(checkpoint.config, STEP_TOKENS)
 
 
 def bytes_per_token(gguf: Path) -> int:
@@ -326,7 +341,7 @@ def _label(row: dict[str, Any]) -> str:
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """One line per (model, type): llmpipe / llama.cpp (llmpipe ÷ llama.cpp) for each figure."""
-    head = ["model", "type", "GiB", "load s", "peak RSS GiB", f"tg{DECODE_TOKENS} tok/s", "tg of roofline",
+    head = ["model", "type", "GiB", "load s", "peak RSS GiB (whole run)", f"tg{DECODE_TOKENS} tok/s", "tg of roofline",
             "pp tok/s (prompt tokens)", f"batched {BATCH}×{BATCH_INPUT}/{BATCH_OUTPUT} tok/s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
@@ -336,6 +351,11 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                  _cell(row, "batched")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("each cell: llmpipe / llama.cpp (ratio llmpipe ÷ llama.cpp; for load s and RSS lower is better)")
+    for row in rows:
+        peak, predicted = row["llmpipe"].get("peak_rss"), row.get("predicted_peak_rss")
+        if peak and predicted:
+            lines.append(f"{_label(row)} {row['type']}: `llmpipe memory` predicts a peak of {predicted / GiB:.2f} GiB, "
+                         f"the run's was {peak / GiB:.2f} ({predicted / peak - 1:+.0%})")
     for row in rows:
         for engine in ("llmpipe", "llama.cpp"):
             if "error" in row[engine]:

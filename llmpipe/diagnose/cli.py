@@ -9,7 +9,7 @@ from llmpipe.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, parse_byte
 from llmpipe.diagnose.analysis import diagnose
 from llmpipe.diagnose.report import Diagnosis, Setup
 from llmpipe.diagnose.compressed_kv import NAMED_CONFIGS, plan_compressed_kv, read_config
-from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, plan_memory
+from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, STEP_TOKENS, plan_memory
 from llmpipe.errors import InvalidRequestError, ModelLoadError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -46,6 +46,8 @@ def add_memory_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     p.add_argument("--memory", default=None, help="memory for weights + KV, e.g. 24GiB")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS,
+                   help="tokens one step computes at most (its activations count in the process's peak)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
     p.set_defaults(func=cmd_memory)
 
@@ -138,6 +140,7 @@ def cmd_memory(args: argparse.Namespace) -> None:
         group_size=args.group_size, kv_cache_dtype=args.kv_cache_dtype, context=args.context, batch=args.batch,
         memory=parse_bytes(args.memory, "--memory") if args.memory else None, block_size=args.block_size,
         params=int(args.params) if args.params else None, stored=stored,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     print(format_plan(plan, arch_note))
     if args.json:

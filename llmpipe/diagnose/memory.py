@@ -6,7 +6,8 @@ them); norms, biases and an untied embedding stay in `dtype`. A GGUF loaded as i
 each tensor kept quantized at the bytes it takes (`stored`: the file's own for the GGML types). KV:
 `kv_bytes_per_token`, allocated in whole blocks per sequence, as the engine does; a hybrid's linear-attention
 layers (Qwen3.5) instead keep a fixed state per sequence, whatever its length (`state_bytes_per_sequence`, from the
-specs its layers report). The process adds RUNTIME_BYTES: what Python, PyTorch and llmpipe hold before any model.
+specs its layers report). The process adds RUNTIME_BYTES: what Python, PyTorch and llmpipe hold before any model,
+and a step's activations (`step_bytes`: max_num_batched_tokens tokens, or fewer where the batch holds fewer).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from llmpipe.config import DTYPES, ModelConfig
+from llmpipe.config import DTYPES, EngineConfig, ModelConfig
 from llmpipe.diagnose.costs import expert_share, read_share
 from llmpipe.kv_cache.paged import kv_bytes_per_token
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.gpt_oss.config import GptOssFields, alternating_layer_types
+from llmpipe.models.llama.model import MLP_CHUNK_ROWS
 from llmpipe.models.qwen3_5.config import Qwen35Fields
 from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
 from llmpipe.models.registry import family_of
@@ -72,6 +74,15 @@ NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
 # Resident before a model loads: the interpreter, PyTorch, llmpipe and its kernels (VmRSS after importing
 # them and loading the kernels, CPU build of torch 2.13: 243 MiB), the tokenizer and the engine's buffers.
 RUNTIME_BYTES = 300 << 20
+STEP_TOKENS = EngineConfig.max_num_batched_tokens  # its default: the tokens one step computes at most
+
+
+def step_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """A step's float32 activations at their peak: about eight [tokens, hidden] tensors alive at once (the
+    residual, the norm's output, q/k/v, attention's output and RoPE's temporaries: 66 KB a token measured on
+    Llama-3.2-1B, hidden 2,048), and the MLP's gate, up and product, 3 × intermediate floats a row for at most
+    MLP_CHUNK_ROWS rows at a time."""
+    return 4 * (8 * tokens * cfg.hidden_size + 3 * min(tokens, MLP_CHUNK_ROWS) * cfg.intermediate_size)
 
 
 @dataclass
@@ -173,12 +184,14 @@ class MemoryPlan:
     kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them, and the sequence's states
     batch: int
     total_bytes: int  # weights + batch sequences of KV
-    process_bytes: int  # the process at its peak: RUNTIME_BYTES + total_bytes
+    process_bytes: int  # the process at its peak: RUNTIME_BYTES + total_bytes + step_bytes
     memory: int | None = None
     max_sequences: int | None = None  # at this context, in `memory`
     notes: list[str] = field(default_factory=list)
     state_bytes_per_sequence: int = 0  # a hybrid's linear-attention states (in kv_bytes_per_sequence)
     hybrid: list[HybridRow] = field(default_factory=list)  # a hybrid's cache by layer kind against a dense model's
+    step_tokens: int = 0  # the largest step: max_num_batched_tokens, or the batch's tokens where fewer
+    step_bytes: int = 0  # its activations (in process_bytes)
 
     @property
     def fits(self) -> bool | None:
@@ -188,8 +201,9 @@ class MemoryPlan:
 def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantization: str | None = None,
                 group_size: int = 128, kv_cache_dtype: str = "auto", context: int | None = None, batch: int = 1,
                 memory: int | None = None, block_size: int = 16, params: int | None = None,
-                stored: Callable[[str], int | None] | None = None) -> MemoryPlan:
+                stored: Callable[[str], int | None] | None = None, max_num_batched_tokens: int = STEP_TOKENS) -> MemoryPlan:
     context = context or cfg.max_position_embeddings
+    step_tokens = min(max_num_batched_tokens, context * batch)
     weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
     blocks = blocks_per_sequence(context, block_size)
@@ -197,7 +211,8 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
     per_sequence = blocks * block_size * per_token + states
     plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
                       block_size, per_sequence, batch, weights.resident + batch * per_sequence,
-                      RUNTIME_BYTES + weights.resident + batch * per_sequence, memory, state_bytes_per_sequence=states)
+                      RUNTIME_BYTES + weights.resident + batch * per_sequence + step_bytes(cfg, step_tokens), memory,
+                      state_bytes_per_sequence=states, step_tokens=step_tokens, step_bytes=step_bytes(cfg, step_tokens))
     if states:
         plan.hybrid = hybrid_rows(cfg, dtype, kv_cache_dtype, block_size, states)
     if memory is not None:

@@ -102,6 +102,7 @@ def format_plan(p: MemoryPlan, arch_note: str) -> str:
               if p.state_bytes_per_sequence else []),
             (f"KV per {p.context:,}-token sequence", fmt_bytes(p.kv_bytes_per_sequence)),
             (f"weights + KV of {p.batch} sequence(s)", fmt_bytes(p.total_bytes)),
+            (f"a step's activations ({p.step_tokens:,} tokens)", fmt_bytes(p.step_bytes)),
             ("the process at its peak (+ runtime)", fmt_bytes(p.process_bytes))]
     if p.memory is not None:
         verdict = "fits" if p.fits else "does not fit"

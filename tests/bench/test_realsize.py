@@ -168,6 +168,10 @@ def test_the_table_puts_the_engines_side_by_side_with_ratios_and_roofline(tmp_pa
     assert row["llmpipe"]["tg_of_roofline"] == pytest.approx(0.25)
     table = realsize.markdown_table([row])
     assert "| llama-3.2-1b | Q8_0 | 0.93 | 2.0 / 1.0 (2.00x) |" in table
+    assert "predicts" not in table  # no prediction in the row
+    row["predicted_peak_rss"] = 1.9 * 2**30
+    assert ("llama-3.2-1b Q8_0: `llmpipe memory` predicts a peak of 1.90 GiB, the run's was 2.00 (-5%)"
+            in realsize.markdown_table([row]))
     assert "10.0 / 20.0 (0.50x) | 25% / 50% | 100.0 / - (512) |" in table
     assert "llama-3.2-1b Q8_0 llama.cpp: pp512 failed" in table
     earlier = tmp_path / "realsize.json"
@@ -180,6 +184,7 @@ def test_each_activation_numerics_gets_a_row_against_one_llama_cpp_run(tmp_path,
     gguf.write_bytes(b"\0" * 1000)
     calls = []
     monkeypatch.setattr(realsize, "bytes_per_token", lambda path: 1000)
+    monkeypatch.setattr(realsize, "predicted_peak_rss", lambda path, kv: None)  # the file is no model
     monkeypatch.setattr(realsize, "run_llmpipe", lambda *a: calls.append(a[-1]) or {"tg": {"auto": 9.0, "int8": 12.0}[a[-1]]})
     monkeypatch.setattr(realsize, "run_llama_cpp", lambda *a: calls.append("llama.cpp") or {"tg": 10.0})
     args = argparse.Namespace(kv_cache_memory="1GiB", prefill_tokens=512, threads=2, skip=[], repetitions=1,
@@ -190,3 +195,15 @@ def test_each_activation_numerics_gets_a_row_against_one_llama_cpp_run(tmp_path,
     table = realsize.markdown_table(rows)
     assert "| llama-3.2-1b | Q4_K_M |" in table and "| llama-3.2-1b (int8 activations) | Q4_K_M |" in table
     assert [r["activations"] for r in realsize.merged(tmp_path / "none.json", rows)] == ["auto", "int8"]
+
+
+def test_the_predicted_peak_holds_the_weights_the_engine_holds_and_the_pool(smollm2_gguf):
+    """The run's prediction: the runtime, the weights as the engine itself counts them once loaded, the KV pool
+    whole and a step of the engine's max_num_batched_tokens."""
+    from llmpipe import LLM
+    from llmpipe.diagnose.memory import RUNTIME_BYTES, step_bytes
+
+    llm = LLM(str(smollm2_gguf), progress=False, kv_cache_memory="64MiB")
+    config = llm.engine.config
+    step = step_bytes(config.model_config, config.max_num_batched_tokens)
+    assert realsize.predicted_peak_rss(smollm2_gguf, "64MiB") == RUNTIME_BYTES + llm.engine.weight_bytes + (64 << 20) + step

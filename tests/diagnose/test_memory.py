@@ -218,3 +218,20 @@ def test_a_hybrid_mixture_of_experts_reads_its_routed_experts_only(tiny_checkpoi
     experts = sum(cfg.extra.moe.sparse_layers) * 8 * 3 * 48 * 64
     embedding = cfg.vocab_size * cfg.hidden_size
     assert weights.params == expected and weights.active_params == expected - embedding - experts + experts * 2 // 8
+
+
+def test_the_processs_peak_counts_a_steps_activations():
+    """A step of max_num_batched_tokens tokens (fewer where the batch holds fewer): about eight [tokens, hidden]
+    float32 tensors, and the MLP's 3 × intermediate floats for at most MLP_CHUNK_ROWS rows at a time."""
+    from llmpipe.diagnose.memory import RUNTIME_BYTES, STEP_TOKENS, step_bytes
+    from llmpipe.models.llama.model import MLP_CHUNK_ROWS
+
+    cfg = NAMED_ARCHITECTURES["llama-7b"]
+    plan = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16)
+    assert plan.step_tokens == STEP_TOKENS == 2048
+    assert plan.step_bytes == 4 * (8 * 2048 * 4096 + 3 * MLP_CHUNK_ROWS * 11008) == step_bytes(cfg, 2048)
+    assert plan.process_bytes == RUNTIME_BYTES + plan.total_bytes + plan.step_bytes
+    short = plan_memory(cfg, "llama-7b", dtype="float16", context=100, batch=1)
+    assert short.step_tokens == 100 and short.step_bytes == 4 * (8 * 100 + 3 * 100 * 11008 / 4096) * 4096
+    small = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16, max_num_batched_tokens=512)
+    assert small.step_tokens == 512 and small.step_bytes == 4 * 512 * (8 * 4096 + 3 * 11008) < plan.step_bytes

@@ -26,6 +26,10 @@ from llmpipe.models.weights import load_weights, target_of
 from llmpipe.quant.formats import QuantizedWeight
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin at this forward's positions
+# A large step's rows go through the MLP this many at a time, in near-equal parts (each row's result is its own):
+# gate_up's 2 × intermediate floats a row are a step's largest activations (a 1B's 2,048-token step: 128 MiB, and
+# 0.35 GiB of peak RSS in all), and llama.cpp likewise computes at most 512 tokens at once (its n_ubatch).
+MLP_CHUNK_ROWS = 512
 
 # (stacked parameter, checkpoint name part, shard index)
 STACKED_PARAMS = (
@@ -81,12 +85,18 @@ class LlamaMLP(nn.Module):
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.shape[0]
+        if rows <= MLP_CHUNK_ROWS or self.gate_up_proj._forward_hooks or self.down_proj._forward_hooks:
+            return self.gated(x)  # hooks (LoRA's per-row deltas) see the step's rows whole
+        return torch.cat([self.gated(part) for part in x.tensor_split(-(-rows // MLP_CHUNK_ROWS))])
+
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         return self.down_proj(self.glu(gate, up))
 
     def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """The gated unit between the two projections: act(gate) · up."""
-        return self.act(gate) * up
+        return self.act(gate).mul_(up)  # in place: the activation's output is a fresh tensor
 
 
 class LlamaDecoderLayer(nn.Module):
