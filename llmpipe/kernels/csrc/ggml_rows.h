@@ -89,15 +89,6 @@ static inline float e8m0_at(const uint8_t *p) {
     return f;
 }
 
-/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins → d * scale and dmin * min of the eight sub-blocks. */
-static inline void k_scales_mins(const uint8_t *q, float d, float dmin, float *sc, float *mn) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = d * (float)(q[j] & 63), mn[j] = dmin * (float)(q[j + 4] & 63);
-        sc[j + 4] = d * (float)((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
-        mn[j + 4] = dmin * (float)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
-}
-
 /* IQ4_XS: the eight sub-blocks' scales d * (ls - 32), ls 6 bits: low nibbles at q + 2, high pairs in q[0..1]. */
 static inline void iq4_xs_scales(const uint8_t *b, float *sc) {
     const float d = f16_at(b);
@@ -487,8 +478,9 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
     }
     case GGML_Q4_K: case GGML_Q5_K: {
         const int q5 = t == GGML_Q5_K;
+        K_SCALES /* the rows' and tiles' own decode of the twelve scale bytes */
         float sc[8];
-        k_scales_mins(b + 4, f16_at(b), f16_at(b + 2), sc, m32);
+        _mm256_storeu_ps(sc, sc8), _mm256_storeu_ps(m32, mn8);
         for (int h = 0; h < 2; h++) {
             __m256i u[4];
             k_quad_codes(b + (q5 ? 48 : 16), q5 ? b + 16 : NULL, h, u);
