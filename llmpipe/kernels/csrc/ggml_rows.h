@@ -832,12 +832,22 @@ static void activation_sums16(const GGMLActs *a, int64_t M, float *xsum16) {
 #define GGML_TILE_ROWS 16
 #define GGML_AHEAD (16 << 10) /* bytes a whole-row walk prefetches ahead */
 
+/* Whether the VNNI rows walk whole rows (as the AVX2 rows do) rather than GGML_CHUNK at a time: on AMD's cores.
+ * Zen 4, batch 1, Q4_K ffn_up 8,192 x 2,048 from memory at 2 threads: sixteen interleaved streams read 13.1 GB/s,
+ * one whole-row stream 19.7 (Q6_K ffn_down: 14.6 / 17.6); on Sapphire Rapids one stream read 4 GB/s. */
+static inline int ggml_vnni_whole_rows(void) {
+    static int cached = -1;
+    if (cached < 0) cached = __builtin_cpu_is("amd");
+    return cached;
+}
+
 /* Weight rows [n0, n1) (row n at blocks + n * its bytes) against M activation rows, into y[m * ld + n - n0]:
  * tiles of GGML_TILE_ROWS rows, walked `chunk` weights of each row at a time, while every eight activation rows
  * pass over each chunk in cache (a prefill chunk streams the weight once, as a decode step). VNNI takes
- * GGML_CHUNK: sixteen streams from memory at once (one alone waits on its loads on Sapphire Rapids: 4 GB/s
- * where sixteen reach the bandwidth). AVX2 takes whole rows, one stream prefetched GGML_AHEAD bytes on: on Zen 2
- * sixteen interleaved streams of 1,024 weights read 10.5 GB/s of Q4_K where one whole-row stream reads 15-18. */
+ * GGML_CHUNK on Intel: sixteen streams from memory at once (one alone waits on its loads on Sapphire Rapids:
+ * 4 GB/s where sixteen reach the bandwidth). AVX2, and VNNI on AMD (ggml_vnni_whole_rows), take whole rows, one
+ * stream prefetched GGML_AHEAD bytes on: on Zen 2 sixteen interleaved streams of 1,024 weights read 10.5 GB/s of
+ * Q4_K where one whole-row stream reads 15-18. */
 #define GGML_TILED(CALL, FN)                                                                              \
     for (int64_t t0 = n0; t0 < n1; t0 += GGML_TILE_ROWS)                                                \
         for (int64_t m0 = 0; m0 < M; m0 += 8) {                                                         \
@@ -899,7 +909,7 @@ static void activation_sums16(const GGMLActs *a, int64_t M, float *xsum16) {
         }                                                                                                 \
     }
 DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1, GGML_CASE(GGML_AVX2_CALL, Q2_K, avx2_q2_k) GGML_CASE(GGML_AVX2_CALL, Q3_K, avx2_q3_k))
-DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, 0, )
+DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, ggml_vnni_whole_rows(), )
 
 /* ---- AVX2 batches: eight weight rows interleaved, no horizontal adds --------------------------------- */
 
@@ -1051,6 +1061,145 @@ static void ggml_panels_avx2(int64_t type, const uint8_t *blocks, int64_t n0, in
     if (n < n1) ggml_slice_avx2(type, blocks, n, n1, a, M, y + (n - n0), ld);
 }
 
+/* ---- VNNI batches: the same panels, two at a time, a dpbusd a step -------------------------------- */
+
+/* Where VNNI runs without AMX tiles, a batch meets ggml_panel_pack's panels, two side by side (sixteen weight
+ * rows, a 512-bit dpbusd for each step of four weights and activation row: no maddubs, no int16 sums to widen),
+ * eight activation rows a pass (AVX-512's 32 registers hold their sums). Signed codes need no sign trick: the
+ * high (or only) activation plane arrives as unsigned bytes x + 128 (ggml_pass_tile), meets the signed codes, and
+ * 128 x the codes' sum per sixteen weights (ggml_panel_sums, made at packing) comes off. The rows
+ * (ggml_slice_vnni) decode every block once per eight activation rows; a panel is decoded once per batch. */
+VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
+    const int8_t *codes0, const int8_t *codes1, const float *s16_0, const float *s16_1, const int32_t *sums0,
+    const int32_t *sums1, const float *mins0, const float *mins1, const int8_t *xt, const float *dx, const float *xsum,
+    int64_t K, __m512 *acc, const int MR, const int PL, const int SIGNED, const int MIN, const int HALF) {
+    const int64_t B = K / BLOCK;
+#define PAIR16(p0, p1, T) _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0))), \
+                                             _mm256_loadu_si256((const __m256i *)(p1)), 1)
+#define PAIR16F(p0, p1) _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p0)), _mm256_loadu_ps(p1), 1)
+    for (int64_t b = 0; b < B; b++) {
+        for (int h = 0; h < (HALF ? 2 : 1); h++) {
+            __m512i hi[8], low[8];
+            for (int m = 0; m < MR; m++) hi[m] = low[m] = _mm512_setzero_si512();
+            for (int step = HALF ? 4 * h : 0; step < (HALF ? 4 * h + 4 : 8); step++) {
+                const __m512i w = PAIR16(codes0 + b * 256 + step * 32, codes1 + b * 256 + step * 32, );
+                for (int m = 0; m < MR; m++) {
+                    const int8_t *xm = xt + ((b * MR + m) * PL) * BLOCK + 4 * step;
+                    const __m512i x = _mm512_set1_epi32(*(const int32_t *)xm);
+                    hi[m] = SIGNED ? _mm512_dpbusd_epi32(hi[m], x, w) : _mm512_dpbusd_epi32(hi[m], w, x);
+                    if (PL == 2) { /* the low plane's codes are unsigned */
+                        const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(xm + BLOCK));
+                        low[m] = SIGNED ? _mm512_dpbusd_epi32(low[m], xl, w) : _mm512_dpbusd_epi32(low[m], w, xl);
+                    }
+                }
+            }
+            const __m512 ws = PAIR16F(s16_0 + (2 * b + h) * 8, s16_1 + (2 * b + h) * 8);
+            __m512i off = _mm512_setzero_si512(); /* 128 x the codes' sum: the unsigned high plane's excess */
+            if (SIGNED) {
+                off = PAIR16(sums0 + (2 * b + h) * 8, sums1 + (2 * b + h) * 8, );
+                if (!HALF) off = _mm512_add_epi32(off, PAIR16(sums0 + (2 * b + 1) * 8, sums1 + (2 * b + 1) * 8, ));
+                off = _mm512_slli_epi32(off, 7);
+            }
+            for (int m = 0; m < MR; m++) {
+                __m512i d = SIGNED ? _mm512_sub_epi32(hi[m], off) : hi[m];
+                if (PL == 2) d = _mm512_add_epi32(_mm512_slli_epi32(d, 7), low[m]);
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws, _mm512_set1_ps(dx[m * B + b])), acc[m]);
+            }
+        }
+        if (MIN) {
+            const __m512 mn = PAIR16F(mins0 + b * 8, mins1 + b * 8);
+            for (int m = 0; m < MR; m++) acc[m] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xsum[m * B + b]), acc[m]);
+        }
+    }
+#undef PAIR16
+#undef PAIR16F
+}
+
+/* A panel's codes summed per sixteen weights and row: [K / 16][8 rows]. */
+static void ggml_panel_sums(const int8_t *codes, int64_t K, int32_t *sums) {
+    for (int64_t g = 0; g < K / 16; g++)
+        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+            int32_t s = 0;
+            for (int step = 4 * (g % 2); step < 4 * (g % 2) + 4; step++)
+                for (int i = 0; i < 4; i++) s += codes[(g / 2) * 256 + step * 32 + r * 4 + i];
+            sums[g * 8 + r] = s;
+        }
+}
+
+/* Panels packed and walked together: each pass of eight activation rows meets them all from L2, where one panel a
+ * pass streamed every activation row from L3 once per eight weight rows. */
+#define VNNI_PANELS 4
+
+/* Activation rows [m0, m0 + mr) as a pass reads them: per block of 32, each row's planes (high, then low) side by
+ * side, [K / 32][mr][planes][32]; the high plane + 128 (`offset`: against signed codes). In place, rows K bytes
+ * apart (a power of two) fell in one L1 set: sixteen streams of 15-bit activations thrashed its eight ways. */
+VNNI static inline void ggml_pass_tile(const int8_t *qx, int64_t M, int64_t K, int planes, int64_t m0, int64_t mr,
+                                       int offset, int8_t *xt) {
+    const __m256i flip = _mm256_set1_epi8(offset ? (char)0x80 : 0);
+    for (int64_t b = 0; b < K / BLOCK; b++)
+        for (int64_t m = 0; m < mr; m++)
+            for (int pl = 0; pl < planes; pl++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qx + pl * M * K + (m0 + m) * K + b * BLOCK));
+                _mm256_storeu_si256((__m256i *)(xt + ((b * mr + m) * planes + pl) * BLOCK),
+                                    pl == 0 ? _mm256_xor_si256(v, flip) : v);
+            }
+}
+
+#define GGML_VNNI_PANEL_CALL(MR)                                                                                     \
+    do {                                                                                                           \
+        for (int64_t p = 0; p < np; p += 2) {                                                                      \
+            const int64_t q = p + 1 < np ? p + 1 : p; /* an odd last panel: paired with itself, half kept */       \
+            __m512 acc[8];                                                                                         \
+            for (int m = 0; m < MR; m++) acc[m] = _mm512_setzero_ps();                                             \
+            ggml_panel_pair_vnni(codes + p * 8 * K, codes + q * 8 * K, s16 + p * K / 2, s16 + q * K / 2,           \
+                                 sums + p * K / 2, sums + q * K / 2, mins + p * K / 2, mins + q * K / 2, xt,        \
+                                 a->dx + m0 * B, a->xsum + m0 * B, K, acc, MR, PL, SIGNED, MIN, HALF);              \
+            for (int m = 0; m < MR; m++)                                                                           \
+                _mm512_mask_storeu_ps(y + (m0 + m) * ld + n + 8 * p - n0, q > p ? 0xFFFF : 0xFF, acc[m]);          \
+        }                                                                                                          \
+    } while (0)
+
+/* Weight rows [n0, n1) of a ggml_wide_isas type against M activation rows (ggml_vnni_panels_pay), as ggml_slice:
+ * eight weight rows a panel, VNNI_PANELS panels met by each pass of eight activation rows; the last weight rows
+ * short of a panel by the rows. */
+VNNI static void ggml_panels_vnni(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
+                                  int64_t M, float *y, int64_t ld) {
+    const int64_t K = a->K, B = K / BLOCK, row_bytes = ggml_row_bytes(type, K);
+    const int MIN = ggml_zero_shift(type) < 0, SIGNED = !MIN, HALF = type == GGML_Q6_K;
+    int8_t *codes = aligned_alloc(64, VNNI_PANELS * 8 * K), *xt = aligned_alloc(64, 8 * 2 * K);
+    float *s16 = malloc(sizeof(float) * VNNI_PANELS * K / 2), *mins = malloc(sizeof(float) * VNNI_PANELS * K / 2);
+    int32_t *sums = malloc(sizeof(int32_t) * VNNI_PANELS * K / 2);
+    int64_t n = n0;
+    for (; n + GGML_PANEL_ROWS <= n1; n += VNNI_PANELS * GGML_PANEL_ROWS) {
+        const int64_t np = (n1 - n) / GGML_PANEL_ROWS < VNNI_PANELS ? (n1 - n) / GGML_PANEL_ROWS : VNNI_PANELS;
+        for (int64_t p = 0; p < np; p++) {
+            ggml_panel_pack(type, blocks + (n + 8 * p) * row_bytes, row_bytes, K, codes + p * 8 * K, s16 + p * K / 2,
+                            mins + p * K / 2);
+            if (SIGNED) ggml_panel_sums(codes + p * 8 * K, K, sums + p * K / 2);
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += 8) {
+            const int64_t mr = M - m0 < 8 ? M - m0 : 8;
+            ggml_pass_tile(a->qx, M, K, a->planes, m0, mr, SIGNED, xt);
+#define GGML_VNNI_PANEL_KIND(S_, M_, H_)                                                                             \
+    if (SIGNED == S_ && MIN == M_ && HALF == H_) {                                                                 \
+        enum { SIGNED = S_, MIN = M_, HALF = H_ };                                                                 \
+        WITH_PLANES(a->planes, FOR_ROWS_OF(mr, GGML_VNNI_PANEL_CALL_OF, ));                                        \
+    }
+#define GGML_VNNI_PANEL_CALL_OF(FN, MR) GGML_VNNI_PANEL_CALL(MR)
+            GGML_VNNI_PANEL_KIND(0, 1, 0) /* Q4_1, Q5_1, Q4_K, Q5_K */
+            GGML_VNNI_PANEL_KIND(1, 0, 0) /* Q4_0, Q5_0, Q8_0, IQ4_NL, IQ4_XS, MXFP4 */
+            GGML_VNNI_PANEL_KIND(1, 0, 1) /* Q6_K */
+#undef GGML_VNNI_PANEL_CALL_OF
+#undef GGML_VNNI_PANEL_KIND
+        }
+        if (np < VNNI_PANELS) { n += np * GGML_PANEL_ROWS; break; }
+    }
+    free(codes), free(xt), free(s16), free(mins), free(sums);
+    if (n < n1) ggml_slice_vnni(type, blocks, n, n1, a, M, y + (n - n0), ld);
+}
+#define VNNI_PANEL_MIN_ROWS 16
+static inline int ggml_vnni_panels_pay(int64_t M) { return M >= VNNI_PANEL_MIN_ROWS; }
+
 /* ---- F16 / BF16: the file's floats against the float activations --------------------------------- */
 
 /* Eight weights at p as float32: float16 (SRC 1), bfloat16 (2) or float32 (0, a tile widened before). */
@@ -1188,8 +1337,9 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
         ggml_float_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
         return;
     }
-    (vnni && ggml_wide_isas(type) ? ggml_slice_vnni : ggml_panels_pay(type, M) ? ggml_panels_avx2 : ggml_slice_avx2)(
-        type, blocks, n0, n1, a, M, y, ld);
+    (vnni && ggml_wide_isas(type) ? (ggml_vnni_panels_pay(M) ? ggml_panels_vnni : ggml_slice_vnni)
+     : ggml_panels_pay(type, M)    ? ggml_panels_avx2
+                                   : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
 }
 
 /* Whether ggml_slice's rows of `type` read GGMLActs.xsum16 (the AVX2 rows and panels of ggml_sums16's types). */
