@@ -70,7 +70,8 @@ def q5_0_unpack(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def ggml_linear_dot(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, bits: int = 16, isa: int = 2) -> torch.Tensor:
     """x [M, K] @ a weight held as a GGUF file's own blocks of `ggml_type` [N, bytes per row] (the types of
     loader/gguf_weights.GGML_TYPES), with x quantized to `bits` blocks (csrc/ggml_rows.h). `isa`: 0 the AVX2
-    rows, 1 the AVX512-VNNI rows, 2 AMX tiles for batches (csrc/ggml_amx.h), each where the CPU has it."""
+    rows and panels, 1 the AVX512-VNNI rows and panels, 2 AMX tiles for batches (csrc/ggml_amx.h), each where the
+    CPU has it."""
     return _library().ggml_linear_dot(x, blocks, ggml_type, bits, isa)
 
 

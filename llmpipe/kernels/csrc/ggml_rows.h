@@ -16,7 +16,7 @@
  *
  * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: four blocks of 32 a
  * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
- * unpacked side by side (ggml_panels_avx2). ggml_unpack (a block to signed codes in memory) serves the panels
+ * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni). ggml_unpack (a block to signed codes in memory) serves the panels
  * and a batch's float tiles. The portable path and the reference in the tests
  * dequantize in PyTorch (gguf_quants.py). */
 #pragma once
