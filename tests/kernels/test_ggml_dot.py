@@ -91,6 +91,24 @@ def test_batches_give_the_dequantized_weights_product(qtype):
         check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
 
 
+@pytest.mark.parametrize("threads", (1, 2))
+@pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
+def test_panels_in_groups_and_pairs_give_the_dequantized_weights_product(qtype, threads):
+    """On VNNI without AMX a batch meets panels of eight weight rows, two a 512-bit step, four packed at a time
+    (csrc ggml_panels_vnni): 75 weight rows are two whole groups, a group of three panels whose last pairs with
+    itself, and three rows short of a panel (at two threads each thread's share of them); 16 and 21 activation rows
+    are two passes of eight and a partial one."""
+    cols = 2 * block_weights(qtype) if block_weights(qtype) == 256 else 11 * 32
+    raw = random_blocks(qtype, 75, cols, 5)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (16, 21):
+            check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
+    finally:
+        torch.set_num_threads(previous)
+
+
 @pytest.mark.parametrize("qtype", GGML_TYPES, ids=lambda q: q.name)
 def test_large_batches_give_the_dequantized_weights_product(qtype):
     """Batches of 128 rows and more, which on AVX2 at the default numerics meet the dequantized weight as floats

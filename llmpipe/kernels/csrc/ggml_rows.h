@@ -1115,15 +1115,15 @@ VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
 #undef PAIR16F
 }
 
-/* A panel's codes summed per sixteen weights and row: [K / 16][8 rows]. */
-static void ggml_panel_sums(const int8_t *codes, int64_t K, int32_t *sums) {
-    for (int64_t g = 0; g < K / 16; g++)
-        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
-            int32_t s = 0;
-            for (int step = 4 * (g % 2); step < 4 * (g % 2) + 4; step++)
-                for (int i = 0; i < 4; i++) s += codes[(g / 2) * 256 + step * 32 + r * 4 + i];
-            sums[g * 8 + r] = s;
-        }
+/* A panel's codes summed per sixteen weights and row, [K / 16][8 rows]: a dpbusd of ones a step. */
+VNNI static void ggml_panel_sums(const int8_t *codes, int64_t K, int32_t *sums) {
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int64_t g = 0; g < K / 16; g++) {
+        __m256i s = _mm256_setzero_si256();
+        for (int step = 4 * (g % 2); step < 4 * (g % 2) + 4; step++)
+            s = _mm256_dpbusd_epi32(s, ones, _mm256_loadu_si256((const __m256i *)(codes + (g / 2) * 256 + step * 32)));
+        _mm256_storeu_si256((__m256i *)(sums + g * 8), s);
+    }
 }
 
 /* Panels packed and walked together: each pass of eight activation rows meets them all from L2, where one panel a
