@@ -16,9 +16,9 @@
  *
  * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: four blocks of 32 a
  * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
- * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni). ggml_unpack (a block to signed codes in memory) serves the panels
- * and a batch's float tiles. The portable path and the reference in the tests
- * dequantize in PyTorch (gguf_quants.py). */
+ * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni).
+ * ggml_unpack (a block to signed codes in memory) serves the panels and a batch's float tiles. The portable path
+ * and the reference in the tests dequantize in PyTorch (gguf_quants.py). */
 #pragma once
 #include <immintrin.h>
 #include <stdint.h>
@@ -1074,7 +1074,7 @@ VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
     const int32_t *sums1, const float *mins0, const float *mins1, const int8_t *xt, const float *dx, const float *xsum,
     int64_t K, __m512 *acc, const int MR, const int PL, const int SIGNED, const int MIN, const int HALF) {
     const int64_t B = K / BLOCK;
-#define PAIR16(p0, p1, T) _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0))), \
+#define PAIR16(p0, p1) _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(p0))), \
                                              _mm256_loadu_si256((const __m256i *)(p1)), 1)
 #define PAIR16F(p0, p1) _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p0)), _mm256_loadu_ps(p1), 1)
     for (int64_t b = 0; b < B; b++) {
@@ -1082,7 +1082,7 @@ VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
             __m512i hi[8], low[8];
             for (int m = 0; m < MR; m++) hi[m] = low[m] = _mm512_setzero_si512();
             for (int step = HALF ? 4 * h : 0; step < (HALF ? 4 * h + 4 : 8); step++) {
-                const __m512i w = PAIR16(codes0 + b * 256 + step * 32, codes1 + b * 256 + step * 32, );
+                const __m512i w = PAIR16(codes0 + b * 256 + step * 32, codes1 + b * 256 + step * 32);
                 for (int m = 0; m < MR; m++) {
                     const int8_t *xm = xt + ((b * MR + m) * PL) * BLOCK + 4 * step;
                     const __m512i x = _mm512_set1_epi32(*(const int32_t *)xm);
@@ -1096,8 +1096,8 @@ VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
             const __m512 ws = PAIR16F(s16_0 + (2 * b + h) * 8, s16_1 + (2 * b + h) * 8);
             __m512i off = _mm512_setzero_si512(); /* 128 x the codes' sum: the unsigned high plane's excess */
             if (SIGNED) {
-                off = PAIR16(sums0 + (2 * b + h) * 8, sums1 + (2 * b + h) * 8, );
-                if (!HALF) off = _mm512_add_epi32(off, PAIR16(sums0 + (2 * b + 1) * 8, sums1 + (2 * b + 1) * 8, ));
+                off = PAIR16(sums0 + (2 * b + h) * 8, sums1 + (2 * b + h) * 8);
+                if (!HALF) off = _mm512_add_epi32(off, PAIR16(sums0 + (2 * b + 1) * 8, sums1 + (2 * b + 1) * 8));
                 off = _mm512_slli_epi32(off, 7);
             }
             for (int m = 0; m < MR; m++) {
@@ -1197,6 +1197,8 @@ VNNI static void ggml_panels_vnni(int64_t type, const uint8_t *blocks, int64_t n
     free(codes), free(xt), free(s16), free(mins), free(sums);
     if (n < n1) ggml_slice_vnni(type, blocks, n, n1, a, M, y + (n - n0), ld);
 }
+/* From 16 activation rows (Zen 4, 15-bit activations, GOP/s rows / panels at 16 rows: Q4_K ffn_up 97-111 / 117-145,
+ * Q6_K ffn_down 67-70 / 84-107). */
 #define VNNI_PANEL_MIN_ROWS 16
 static inline int ggml_vnni_panels_pay(int64_t M) { return M >= VNNI_PANEL_MIN_ROWS; }
 
