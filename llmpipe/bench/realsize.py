@@ -265,12 +265,12 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
 def predicted_peak_rss(gguf: Path, kv_cache_memory: str) -> int:
     """`llmpipe memory`'s process peak for this file beside the run's KV pool (whole): the runtime, the weights as
     the engine loads them and a step of max_num_batched_tokens tokens' activations."""
-    from llmpipe.diagnose.memory import RUNTIME_BYTES, STEP_TOKENS, step_bytes, weight_bytes
+    from llmpipe.diagnose.memory import STEP_TOKENS, process_peak, step_bytes, weight_bytes
     from llmpipe.loader import load_checkpoint
 
     checkpoint = load_checkpoint(str(gguf))
     weights = weight_bytes(checkpoint.config, "float32", "auto", stored=getattr(checkpoint.source, "stored_bytes", None))
-    return RUNTIME_BYTES + weights.resident + parse_bytes(kv_cache_memory) + step_bytes(checkpoint.config, STEP_TOKENS)
+    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, STEP_TOKENS))
 
 
 def bytes_per_token(gguf: Path) -> int:

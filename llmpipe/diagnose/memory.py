@@ -85,6 +85,12 @@ def step_bytes(cfg: ModelConfig, tokens: int) -> int:
     return 4 * (8 * tokens * cfg.hidden_size + 3 * min(tokens, MLP_CHUNK_ROWS) * cfg.intermediate_size)
 
 
+def process_peak(weights_resident: int, kv_bytes: int, step: int) -> int:
+    """The process at its peak: the runtime, the weights, the KV (its pool, or the sequences' blocks) and a step's
+    activations (step_bytes)."""
+    return RUNTIME_BYTES + weights_resident + kv_bytes + step
+
+
 @dataclass
 class WeightBytes:
     params: int
@@ -184,7 +190,7 @@ class MemoryPlan:
     kv_bytes_per_sequence: int  # whole blocks, as the engine allocates them, and the sequence's states
     batch: int
     total_bytes: int  # weights + batch sequences of KV
-    process_bytes: int  # the process at its peak: RUNTIME_BYTES + total_bytes + step_bytes
+    process_bytes: int  # the process at its peak (process_peak): RUNTIME_BYTES + total_bytes + step_bytes
     memory: int | None = None
     max_sequences: int | None = None  # at this context, in `memory`
     notes: list[str] = field(default_factory=list)
@@ -204,6 +210,7 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
                 stored: Callable[[str], int | None] | None = None, max_num_batched_tokens: int = STEP_TOKENS) -> MemoryPlan:
     context = context or cfg.max_position_embeddings
     step_tokens = min(max_num_batched_tokens, context * batch)
+    step = step_bytes(cfg, step_tokens)
     weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
     blocks = blocks_per_sequence(context, block_size)
@@ -211,8 +218,8 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
     per_sequence = blocks * block_size * per_token + states
     plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
                       block_size, per_sequence, batch, weights.resident + batch * per_sequence,
-                      RUNTIME_BYTES + weights.resident + batch * per_sequence + step_bytes(cfg, step_tokens), memory,
-                      state_bytes_per_sequence=states, step_tokens=step_tokens, step_bytes=step_bytes(cfg, step_tokens))
+                      process_peak(weights.resident, batch * per_sequence, step), memory,
+                      state_bytes_per_sequence=states, step_tokens=step_tokens, step_bytes=step)
     if states:
         plan.hybrid = hybrid_rows(cfg, dtype, kv_cache_dtype, block_size, states)
     if memory is not None:
