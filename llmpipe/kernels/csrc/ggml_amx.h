@@ -226,24 +226,9 @@ AMX static void amx_unpack(int64_t type, const uint8_t *blocks, int64_t row_byte
         }                                                                                                        \
     } while (0)
 
-static pthread_key_t amx_kept_key; /* frees a thread's kept accumulators when it exits */
-static void amx_kept_key_create(void) { pthread_key_create(&amx_kept_key, free); }
-
-/* A thread's float accumulators for ggml_amx_slice, kept for its next call: memory fresh from the allocator on every
- * call cost a page fault per 4 KiB, each a TLB shootdown on the other cores (a fifth of a 16-row decode step). */
-static float *amx_accumulators(int64_t floats) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    static __thread float *kept;
-    static __thread int64_t capacity;
-    if (floats > capacity) {
-        pthread_once(&once, amx_kept_key_create);
-        free(kept);
-        kept = aligned_alloc(64, sizeof(float) * floats);
-        capacity = floats;
-        pthread_setspecific(amx_kept_key, kept);
-    }
-    return kept;
-}
+/* A thread's float accumulators for ggml_amx_slice, kept for its next call (a fifth of a 16-row decode step went to
+ * page faults of fresh ones). */
+static float *amx_accumulators(int64_t floats) { return thread_kept(KEPT_AMX_ACCUMULATORS, sizeof(float) * floats); }
 
 #define AMX_GROUP_FLOATS (64 * 1024) /* a group of weight tiles' accumulators (256 KiB: they stay in L2) */
 

@@ -14,19 +14,42 @@
  * So every type's dot is the same integer dot of codes against codes, exact, and the float work is one
  * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
  *
- * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32. AVX2: four blocks of 32 a
+ * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32 (Q4_K / Q5_K: against a copy of
+ * the activation codes in K_ORDER). AVX2: four blocks of 32 a
  * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
  * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni).
  * ggml_unpack (a block to signed codes in memory) serves the panels and a batch's float tiles. The portable path
  * and the reference in the tests dequantize in PyTorch (gguf_quants.py). */
 #pragma once
 #include <immintrin.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "lowbit_q8_rows.h"
+
+/* A thread's scratch memory of one kind, kept for its next call and freed when the thread exits: memory fresh from
+ * the allocator on every call costs a page fault per 4 KiB, each a TLB shootdown on the other cores. */
+enum { KEPT_AMX_ACCUMULATORS, KEPT_K_ORDER, KEPT_KINDS };
+static pthread_key_t kept_keys[KEPT_KINDS];
+static void kept_keys_create(void) {
+    for (int i = 0; i < KEPT_KINDS; i++) pthread_key_create(&kept_keys[i], free);
+}
+static void *thread_kept(int kind, int64_t bytes) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    static __thread void *kept[KEPT_KINDS];
+    static __thread int64_t capacity[KEPT_KINDS];
+    if (bytes > capacity[kind]) {
+        pthread_once(&once, kept_keys_create);
+        free(kept[kind]);
+        kept[kind] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        capacity[kind] = bytes;
+        pthread_setspecific(kept_keys[kind], kept[kind]);
+    }
+    return kept[kind];
+}
 
 /* ggml_type's numbers, as the GGUF file stores them. */
 enum {
@@ -707,17 +730,36 @@ VNNI static inline __m512i k_quant_codes(const uint8_t *b, int qs, int fifth, in
 
 /* Q6_K super-block b's half h: blocks 4h .. 4h + 3 of 32 as two vectors of 64 unsigned codes (0..63). */
 VNNI static inline void q6_k_codes(const uint8_t *b, int h, __m512i *w0, __m512i *w1) {
-    const __m512i low = _mm512_set1_epi8(0x0F), two = _mm512_set1_epi8(3);
+    const __m512i low = _mm512_set1_epi8(0x0F), pair = _mm512_set1_epi8(0x30);
     const __m512i ab = _mm512_loadu_si512(b + 64 * h);
     const __m256i hb = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
     const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(hb), _mm256_srli_epi16(hb, 2), 1);
-    *w0 = _mm512_or_si512(_mm512_and_si512(ab, low), _mm512_slli_epi16(_mm512_and_si512(hh, two), 4));
-    *w1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ab, 4), low),
-                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), two), 4));
+    /* (a & low) | c, one ternary-logic op: bits 4-5 of c are the high pair */
+    *w0 = _mm512_ternarylogic_epi32(ab, low, _mm512_and_si512(_mm512_slli_epi16(hh, 4), pair), 0xEA);
+    *w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ab, 4), low, _mm512_and_si512(hh, pair), 0xEA);
 }
 
-/* Q4_K / Q5_K: four pairs of sub-blocks a super-block (32 bytes of nibbles each: low ones sub-block 2j, high
- * ones 2j + 1; Q5_K's fifth bits: bit 2j / 2j + 1 of its 32 high-bit bytes), mins against xsum. */
+/* Q4_K / Q5_K super-block b's half h (64 bytes of nibbles at b + qs + 64h) as two vectors of 64 unsigned codes: w0
+ * the low nibbles, sub-blocks 4h and 4h + 2; w1 the high ones, 4h + 1 and 4h + 3 (Q5_K's fifth bits: bit 4h + i of
+ * its 32 bytes at b + 16 for sub-block 4h + i). The activation codes they meet are in K_ORDER. */
+VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int h, __m512i *w0, __m512i *w1) {
+    const __m512i low = _mm512_set1_epi8(0x0F), q = _mm512_loadu_si512(b + qs + 64 * h);
+    *w0 = _mm512_and_si512(q, low), *w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+    if (fifth) {
+        const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16))), sixteen = _mm512_set1_epi8(16);
+        const __m512i bit0 = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << 4 * h)), _mm256_set1_epi8((char)(4 << 4 * h)), 1);
+        *w0 = _mm512_mask_add_epi8(*w0, _mm512_test_epi8_mask(qh, bit0), *w0, sixteen);
+        *w1 = _mm512_mask_add_epi8(*w1, _mm512_test_epi8_mask(qh, _mm512_add_epi8(bit0, bit0)), *w1, sixteen);
+    }
+}
+
+/* Lanes 0-7 value a's, 8-15 value b's of eight per-sub-block values. */
+VNNI static inline __m512 two_of_eight(__m512 eight, int a, int b) {
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1), eight);
+}
+
+/* Q4_K / Q5_K: each half super-block's codes 64 bytes at a time (k_quant_halves), against activation codes whose
+ * blocks are in K_ORDER (ggml_slice_vnni: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. */
 #define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
     VNNI_ROW(NAME) {                                                                                               \
         (void)s4;                                                                                                  \
@@ -733,9 +775,11 @@ VNNI static inline void q6_k_codes(const uint8_t *b, int h, __m512i *w0, __m512i
                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))); \
             __m512 k[8];                                                                                           \
             for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8))); \
-            for (int j = 0; j < 4; j++) {                                                                          \
-                const __m512i w = k_quant_codes(b, QS, FIFTH, j);                                                  \
-                VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, -1)                                    \
+            for (int h = 0; h < 2; h++) {                                                                          \
+                __m512i w0, w1;                                                                                    \
+                k_quant_halves(b, QS, FIFTH, h, &w0, &w1);                                                         \
+                VNNI_PAIR_SCALED(w0, two_of_eight(k[m], 4 * h, 4 * h + 2), sb * 8 + 4 * h, -1)                     \
+                VNNI_PAIR_SCALED(w1, two_of_eight(k[m], 4 * h + 1, 4 * h + 3), sb * 8 + 4 * h + 2, -1)             \
             }                                                                                                      \
             for (int m = 0; m < MR; m++) macc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * B + sb * 8), macc[m]); \
         }                                                                                                          \
@@ -749,8 +793,10 @@ DEFINE_VNNI_ROW_K(ggml_row_vnni_q5_k, 176, 48, 1)
  * A & 15 | H0 << 4, B & 15 | H1 << 4, A >> 4 | H2 << 4, B >> 4 | H3 << 4 (Hk: bits 2k, 2k + 1 of H);
  * sixteen int8 scales, one per 16 weights. */
 VNNI_ROW(ggml_row_vnni_q6_k) {
-    (void)xsum;
     VNNI_ROW_BEGIN
+    const int64_t G = K / 16;
+    __m512 zero_terms[8]; /* the zero point's: per 16 weights, its scale x the activations' sum (xsum16) */
+    for (int m = 0; m < MR; m++) zero_terms[m] = _mm512_setzero_ps();
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 210;
@@ -766,10 +812,12 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
             q6_k_codes(b, h, &w0, &w1);
             const int64_t c = sb * 8 + 4 * h;
             const __m512i at0 = _mm512_add_epi32(spread, _mm512_set1_epi32(8 * h)), at1 = _mm512_add_epi32(at0, _mm512_set1_epi32(4));
-            VNNI_PAIR_SCALED(w0, _mm512_permutexvar_ps(at0, k[m]), c, 5)
-            VNNI_PAIR_SCALED(w1, _mm512_permutexvar_ps(at1, k[m]), c + 2, 5)
+            VNNI_PAIR_SCALED(w0, _mm512_permutexvar_ps(at0, k[m]), c, -1)
+            VNNI_PAIR_SCALED(w1, _mm512_permutexvar_ps(at1, k[m]), c + 2, -1)
         }
+        for (int m = 0; m < MR; m++) zero_terms[m] = _mm512_fmadd_ps(s16, _mm512_loadu_ps(xsum + m * G + sb * 16), zero_terms[m]);
     }
+    for (int m = 0; m < MR; m++) tail[m] = -32.0f * _mm512_reduce_add_ps(zero_terms[m]);
     VNNI_ROW_END
 }
 
@@ -888,8 +936,8 @@ static inline int ggml_vnni_whole_rows(void) {
 #define GGML_CASE(CALL, TYPE, NAME) \
     case GGML_##TYPE: WITH_PLANES(a->planes, GGML_TILED(CALL, ggml_row_##NAME)); break;
 /* The slice function of one ISA: a case per type (MORE: cases of its own). */
-#define DEFINE_GGML_SLICE(ATTR, CALL, isa, WHOLE, MORE)                                                   \
-    ATTR static void ggml_slice_##isa(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,        \
+#define DEFINE_GGML_SLICE(ATTR, CALL, NAME, isa, WHOLE, MORE)                                             \
+    ATTR static void NAME(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,        \
                                       const GGMLActs *a, int64_t M, float *y, int64_t ld) {               \
         const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K, whole = WHOLE;           \
         const int64_t chunk = whole ? K : GGML_CHUNK;                                                     \
@@ -908,8 +956,32 @@ static inline int ggml_vnni_whole_rows(void) {
             MORE                                                                                          \
         }                                                                                                 \
     }
-DEFINE_GGML_SLICE(, GGML_AVX2_CALL, avx2, 1, GGML_CASE(GGML_AVX2_CALL, Q2_K, avx2_q2_k) GGML_CASE(GGML_AVX2_CALL, Q3_K, avx2_q3_k))
-DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, vnni, ggml_vnni_whole_rows(), )
+DEFINE_GGML_SLICE(, GGML_AVX2_CALL, ggml_slice_avx2, avx2, 1, GGML_CASE(GGML_AVX2_CALL, Q2_K, avx2_q2_k) GGML_CASE(GGML_AVX2_CALL, Q3_K, avx2_q3_k))
+DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, ggml_vnni_rows, vnni, ggml_vnni_whole_rows(), )
+
+/* The block order, per super-block, of the activation codes the VNNI Q4_K / Q5_K rows meet: k_quant_halves' vectors
+ * hold sub-blocks 4h and 4h + 2, 4h + 1 and 4h + 3 (the low and high nibbles of 64 bytes). Trading the activations'
+ * blocks once per call costs less than a shuffle of the weights' per row (Zen 4, Q4_K rows from L2, one thread,
+ * GB/s, 32-byte halves / 64-byte halves: 15.3-16.6 / 17.5-18.1 at 15-bit, 16.6-18.7 / 20.0-20.4 at int8). */
+static const int K_ORDER[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+#define K_ORDER_KEPT_MAX (1 << 20) /* bytes of a thread's copy kept for its next call; more: allocated per call */
+
+VNNI static void ggml_slice_vnni(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
+                                 int64_t M, float *y, int64_t ld) {
+    if (type != GGML_Q4_K && type != GGML_Q5_K) {
+        ggml_vnni_rows(type, blocks, n0, n1, a, M, y, ld);
+        return;
+    }
+    const int64_t K = a->K, rows = a->planes * M, bytes = rows * K; /* the planes' rows, one after another */
+    int8_t *codes = bytes > K_ORDER_KEPT_MAX ? aligned_alloc(64, bytes) : thread_kept(KEPT_K_ORDER, bytes);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < K / BLOCK; i++)
+            memcpy(codes + r * K + i * BLOCK, a->qx + r * K + (i & ~7) * BLOCK + K_ORDER[i & 7] * BLOCK, BLOCK);
+    GGMLActs ordered = *a;
+    ordered.qx = codes;
+    ggml_vnni_rows(type, blocks, n0, n1, &ordered, M, y, ld);
+    if (bytes > K_ORDER_KEPT_MAX) free(codes);
+}
 
 /* ---- AVX2 batches: eight weight rows interleaved, no horizontal adds --------------------------------- */
 
@@ -1195,7 +1267,13 @@ VNNI static void ggml_panels_vnni(int64_t type, const uint8_t *blocks, int64_t n
         if (np < VNNI_PANELS) { n += np * GGML_PANEL_ROWS; break; }
     }
     free(codes), free(xt), free(s16), free(mins), free(sums);
-    if (n < n1) ggml_slice_vnni(type, blocks, n, n1, a, M, y + (n - n0), ld);
+    if (n < n1) { /* the rows short of a panel; Q6_K's rows read xsum16, which a batch for the panels went without */
+        GGMLActs rows = *a;
+        float *sums16 = type == GGML_Q6_K && !a->xsum16 ? malloc(sizeof(float) * M * (K / 16)) : NULL;
+        if (sums16) activation_sums16(a, M, sums16), rows.xsum16 = sums16;
+        ggml_slice_vnni(type, blocks, n, n1, &rows, M, y + (n - n0), ld);
+        free(sums16);
+    }
 }
 /* From 16 activation rows (Zen 4, 15-bit activations, GOP/s rows / panels at 16 rows: Q4_K ffn_up 97-111 / 117-145,
  * Q6_K ffn_down 67-70 / 84-107). */
@@ -1344,7 +1422,9 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
                                    : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
 }
 
-/* Whether ggml_slice's rows of `type` read GGMLActs.xsum16 (the AVX2 rows and panels of ggml_sums16's types). */
+/* Whether ggml_slice's rows of `type` read GGMLActs.xsum16: the AVX2 rows and panels of ggml_sums16's types, and
+ * Q6_K's VNNI rows (its zero point's term; ggml_panels_vnni makes them for its last rows). */
 static inline int ggml_slice_reads_sums16(int vnni, int64_t type, int64_t M, int planes) {
-    return ggml_sums16(type) && !(vnni && ggml_wide_isas(type)) && !ggml_floats_pay(vnni, type, M, planes);
+    if (!ggml_sums16(type) || ggml_floats_pay(vnni, type, M, planes)) return 0;
+    return !(vnni && ggml_wide_isas(type)) || (type == GGML_Q6_K && !ggml_vnni_panels_pay(M));
 }
