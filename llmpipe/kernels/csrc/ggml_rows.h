@@ -14,8 +14,8 @@
  * So every type's dot is the same integer dot of codes against codes, exact, and the float work is one
  * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
  *
- * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32 (Q4_K / Q5_K: against a copy of
- * the activation codes in K_ORDER). AVX2: four blocks of 32 a
+ * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32 (Q4_K, Q5_K, IQ4_XS: against a
+ * copy of the activation codes in the order their 64-byte code loads hold the weights, ggml_vnni_order). AVX2: four blocks of 32 a
  * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
  * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni).
  * ggml_unpack (a block to signed codes in memory) serves the panels and a batch's float tiles. The portable path
@@ -32,7 +32,7 @@
 
 /* A thread's scratch memory of one kind, kept for its next call and freed when the thread exits: memory fresh from
  * the allocator on every call costs a page fault per 4 KiB, each a TLB shootdown on the other cores. */
-enum { KEPT_AMX_ACCUMULATORS, KEPT_K_ORDER, KEPT_KINDS };
+enum { KEPT_AMX_ACCUMULATORS, KEPT_ORDERED, KEPT_KINDS };
 static pthread_key_t kept_keys[KEPT_KINDS];
 static void kept_keys_create(void) {
     for (int i = 0; i < KEPT_KINDS; i++) pthread_key_create(&kept_keys[i], free);
@@ -741,7 +741,7 @@ VNNI static inline void q6_k_codes(const uint8_t *b, int h, __m512i *w0, __m512i
 
 /* Q4_K / Q5_K super-block b's half h (64 bytes of nibbles at b + qs + 64h) as two vectors of 64 unsigned codes: w0
  * the low nibbles, sub-blocks 4h and 4h + 2; w1 the high ones, 4h + 1 and 4h + 3 (Q5_K's fifth bits: bit 4h + i of
- * its 32 bytes at b + 16 for sub-block 4h + i). The activation codes they meet are in K_ORDER. */
+ * its 32 bytes at b + 16 for sub-block 4h + i). The activation codes they meet are in that order (ggml_vnni_order). */
 VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int h, __m512i *w0, __m512i *w1) {
     const __m512i low = _mm512_set1_epi8(0x0F), q = _mm512_loadu_si512(b + qs + 64 * h);
     *w0 = _mm512_and_si512(q, low), *w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
@@ -753,13 +753,19 @@ VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int 
     }
 }
 
+/* Lanes 4i .. 4i + 3 value 4h + i's of eight per-sub-block values (h: 0 or 1). */
+VNNI static inline __m512 four_of_eight(__m512 eight, int h) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                                  _mm512_set1_epi32(4 * h)), eight);
+}
+
 /* Lanes 0-7 value a's, 8-15 value b's of eight per-sub-block values. */
 VNNI static inline __m512 two_of_eight(__m512 eight, int a, int b) {
     return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1), eight);
 }
 
 /* Q4_K / Q5_K: each half super-block's codes 64 bytes at a time (k_quant_halves), against activation codes whose
- * blocks are in K_ORDER (ggml_slice_vnni: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. */
+ * blocks are in that order (ggml_vnni_order: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. */
 #define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
     VNNI_ROW(NAME) {                                                                                               \
         (void)s4;                                                                                                  \
@@ -830,6 +836,7 @@ VNNI static inline __m512i iq4_xs_codes(const uint8_t *b, int j) {
 VNNI_ROW(ggml_row_vnni_iq4_xs) {
     (void)xsum;
     VNNI_ROW_BEGIN
+    const __m512i book = codebook(IQ4_U8), nibble = _mm512_set1_epi8(0x0F);
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 136;
         PREFETCH_SUPER(b, 136);
@@ -842,9 +849,12 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
         const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_sub_epi32(ls, _mm256_set1_epi32(32))));
         __m512 k[8];
         for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8)));
-        for (int j = 0; j < 4; j++) {
-            const __m512i w = iq4_xs_codes(b, j);
-            VNNI_PAIR_SCALED(w, pair_of_eight(k[m], j), sb * 8 + 2 * j, 7)
+        for (int h = 0; h < 2; h++) { /* 128-bit lane i: sub-block 4h + i's first 16 weights (w0), its last 16 (w1) */
+            const __m512i q = _mm512_loadu_si512(b + 8 + 64 * h);
+            const __m512i w0 = _mm512_shuffle_epi8(book, _mm512_and_si512(q, nibble));
+            const __m512i w1 = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
+            VNNI_PAIR_SCALED(w0, four_of_eight(k[m], h), sb * 8 + 4 * h, 7)
+            VNNI_PAIR_SCALED(w1, four_of_eight(k[m], h), sb * 8 + 4 * h + 2, 7)
         }
     }
     VNNI_ROW_END
@@ -959,28 +969,49 @@ static inline int ggml_vnni_whole_rows(void) {
 DEFINE_GGML_SLICE(, GGML_AVX2_CALL, ggml_slice_avx2, avx2, 1, GGML_CASE(GGML_AVX2_CALL, Q2_K, avx2_q2_k) GGML_CASE(GGML_AVX2_CALL, Q3_K, avx2_q3_k))
 DEFINE_GGML_SLICE(VNNI, GGML_VNNI_CALL, ggml_vnni_rows, vnni, ggml_vnni_whole_rows(), )
 
-/* The block order, per super-block, of the activation codes the VNNI Q4_K / Q5_K rows meet: k_quant_halves' vectors
- * hold sub-blocks 4h and 4h + 2, 4h + 1 and 4h + 3 (the low and high nibbles of 64 bytes). Trading the activations'
- * blocks once per call costs less than a shuffle of the weights' per row (Zen 4, Q4_K rows from L2, one thread,
- * GB/s, 32-byte halves / 64-byte halves: 15.3-16.6 / 17.5-18.1 at 15-bit, 16.6-18.7 / 20.0-20.4 at int8). */
-static const int K_ORDER[8] = {0, 2, 1, 3, 4, 6, 5, 7};
-#define K_ORDER_KEPT_MAX (1 << 20) /* bytes of a thread's copy kept for its next call; more: allocated per call */
+/* The order, per 256 activations, of the activation codes' granules that the VNNI rows of a type meet where its
+ * 64-byte code loads hold its weights out of order (else 0). Q4_K / Q5_K (granules of 32): the low nibbles of 64 bytes
+ * are sub-blocks 4h and 4h + 2, the high ones 4h + 1 and 4h + 3. IQ4_XS (granules of 16, s4 too): the low nibbles are
+ * the first 16 weights of sub-blocks 4h .. 4h + 3, the high ones their last 16. Trading the activations' granules once
+ * per call costs less than shuffling the weights' in every row (Zen 4, rows from L2, one thread, GB/s, 32-byte loads
+ * / 64-byte: Q4_K 15.3-16.6 / 17.5-18.1 at 15-bit, 16.6-18.7 / 20.0-20.4 at int8). */
+static inline int ggml_vnni_order(int64_t type, const int **order) {
+    static const int K_ORDER[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+    static const int IQ4_XS_ORDER[16] = {0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15};
+    if (type == GGML_Q4_K || type == GGML_Q5_K) return *order = K_ORDER, 32;
+    if (type == GGML_IQ4_XS) return *order = IQ4_XS_ORDER, 16;
+    return 0;
+}
+/* rows of `bytes` each, granules of `granule` bytes put in `order` per 256 bytes */
+static void ggml_reorder(const void *from, int64_t rows, int64_t bytes, int granule, const int *order, void *to) {
+    const int64_t run = 256 / granule;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < bytes / granule; i++)
+            memcpy((char *)to + r * bytes + i * granule,
+                   (const char *)from + r * bytes + (i - i % run + order[i % run]) * granule, granule);
+}
+#define ORDER_KEPT_MAX (1 << 20) /* bytes of a thread's reordered activations kept for its next call; more: per call */
 
 VNNI static void ggml_slice_vnni(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1, const GGMLActs *a,
                                  int64_t M, float *y, int64_t ld) {
-    if (type != GGML_Q4_K && type != GGML_Q5_K) {
+    const int *order;
+    const int granule = ggml_vnni_order(type, &order);
+    if (!granule) {
         ggml_vnni_rows(type, blocks, n0, n1, a, M, y, ld);
         return;
     }
-    const int64_t K = a->K, rows = a->planes * M, bytes = rows * K; /* the planes' rows, one after another */
-    int8_t *codes = bytes > K_ORDER_KEPT_MAX ? aligned_alloc(64, bytes) : thread_kept(KEPT_K_ORDER, bytes);
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < K / BLOCK; i++)
-            memcpy(codes + r * K + i * BLOCK, a->qx + r * K + (i & ~7) * BLOCK + K_ORDER[i & 7] * BLOCK, BLOCK);
+    /* the planes' rows one after another, then (IQ4_XS's zero point) s4's: an int32 per 4 activations, K bytes a row */
+    const int64_t K = a->K, rows = a->planes * M, sums = type == GGML_IQ4_XS, bytes = (rows + sums * M) * K;
+    int8_t *codes = bytes > ORDER_KEPT_MAX ? aligned_alloc(64, bytes) : thread_kept(KEPT_ORDERED, bytes);
     GGMLActs ordered = *a;
+    ggml_reorder(a->qx, rows, K, granule, order, codes);
     ordered.qx = codes;
+    if (sums) {
+        ggml_reorder(a->s4, M, K, granule, order, codes + rows * K);
+        ordered.s4 = (const int32_t *)(codes + rows * K);
+    }
     ggml_vnni_rows(type, blocks, n0, n1, &ordered, M, y, ld);
-    if (bytes > K_ORDER_KEPT_MAX) free(codes);
+    if (bytes > ORDER_KEPT_MAX) free(codes);
 }
 
 /* ---- AVX2 batches: eight weight rows interleaved, no horizontal adds --------------------------------- */
