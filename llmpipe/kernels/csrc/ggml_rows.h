@@ -15,8 +15,8 @@
  * multiply-add per sixteen lanes: y = sum over blocks of scale * dx * <u - zero, qx> (- min * xsum).
  *
  * VNNI (AVX512-VNNI, chosen at run time): two blocks of 32 per _mm512_dpbusd_epi32 (Q4_K, Q5_K, IQ4_XS: against a
- * copy of the activation codes in the order their 64-byte code loads hold the weights, ggml_vnni_order). AVX2: four blocks of 32 a
- * step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
+ * copy of the activation codes in the order their 64-byte code loads hold the weights, ggml_vnni_order). AVX2: four
+ * blocks of 32 a step in registers (Avx2Quad), maddubs (the sign trick for signed codes); for a batch, panels of eight rows
  * unpacked side by side (ggml_panels_avx2; on VNNI without AMX, two at a time by dpbusd: ggml_panels_vnni).
  * ggml_unpack (a block to signed codes in memory) serves the panels and a batch's float tiles. The portable path
  * and the reference in the tests dequantize in PyTorch (gguf_quants.py). */
@@ -947,8 +947,8 @@ static inline int ggml_vnni_whole_rows(void) {
     case GGML_##TYPE: WITH_PLANES(a->planes, GGML_TILED(CALL, ggml_row_##NAME)); break;
 /* The slice function of one ISA: a case per type (MORE: cases of its own). */
 #define DEFINE_GGML_SLICE(ATTR, CALL, NAME, isa, WHOLE, MORE)                                             \
-    ATTR static void NAME(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,        \
-                                      const GGMLActs *a, int64_t M, float *y, int64_t ld) {               \
+    ATTR static void NAME(int64_t type, const uint8_t *blocks, int64_t n0, int64_t n1,                    \
+                          const GGMLActs *a, int64_t M, float *y, int64_t ld) {                           \
         const int64_t K = a->K, row_bytes = ggml_row_bytes(type, K), lo = M * K, whole = WHOLE;           \
         const int64_t chunk = whole ? K : GGML_CHUNK;                                                     \
         switch (type) {                                                                                   \
