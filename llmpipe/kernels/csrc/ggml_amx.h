@@ -306,11 +306,7 @@ static void ggml_segment_rows(const int64_t *table, int64_t n, int64_t n0, int64
         if (lo < hi && tiles && ggml_wide_isas(type)) {
             ggml_amx_slice(type, blocks, lo - row0, hi - row0, tiles, y + (lo - n0), ld);
         } else if (lo < hi) {
-            if (!acts.xsum16 && ggml_slice_reads_sums16(vnni, type, M, a->planes)) {
-                sums16 = malloc(sizeof(float) * M * (a->K / 16));
-                activation_sums16(a, M, sums16);
-                acts.xsum16 = sums16;
-            }
+            if (!acts.xsum16 && ggml_slice_reads_sums16(vnni, type, M, a->planes)) sums16 = with_sums16(&acts, M);
             ggml_slice(vnni, type, blocks, lo - row0, hi - row0, &acts, M, y + (lo - n0), ld);
         }
         row0 += rows;

@@ -572,10 +572,14 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
 /* As VNNI_PAIR_SCALED, with ws the lanes' weight scales (each row's dx applied here). */
 #define VNNI_PAIR(w, ws, c, ZS) VNNI_PAIR_SCALED(w, _mm512_mul_ps(ws, pair_lanes(dx + m * B + (c))), c, ZS)
 
-/* Lanes 0-7 sub-block 2j's, 8-15 sub-block 2j + 1's of eight per-sub-block values (a pair of blocks of 32). */
-VNNI static inline __m512 pair_of_eight(__m512 eight, int j) {
-    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                                                  _mm512_set1_epi32(2 * j)), eight);
+/* The multipliers of a dot's sixteen lanes from per-block values v (one a block of 32, or a sub-block): lanes 0-7
+ * v[a], 8-15 v[b] (a pair of blocks), or lanes 4i .. 4i + 3 v[a + i] (four blocks' halves side by side). */
+VNNI static inline __m512 two_lanes(__m512 v, int a, int b) {
+    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1), v);
+}
+VNNI static inline __m512 four_lanes(__m512 v, int a) {
+    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                                  _mm512_set1_epi32(a)), v);
 }
 
 /* As VNNI_PAIR for one block (the last of an odd count), at 256 bits. */
@@ -653,7 +657,7 @@ VNNI static inline __m512 block_e8m0s(const uint8_t *b, __m512i at) {
                 const uint8_t *b = b16 + 2 * j * (STRIDE);                                                         \
                 _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                \
                 const __m512i w = CODES2(b);                                                                       \
-                VNNI_PAIR_SCALED(w, pair_of_eight(k16[m], j), c + 2 * j, ZS)                                       \
+                VNNI_PAIR_SCALED(w, two_lanes(k16[m], 2 * j, 2 * j + 1), c + 2 * j, ZS)                            \
             }                                                                                                      \
         }                                                                                                          \
         for (; c + 1 < k1 / BLOCK; c += 2) {                                                                       \
@@ -753,17 +757,6 @@ VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int 
     }
 }
 
-/* Lanes 4i .. 4i + 3 value 4h + i's of eight per-sub-block values (h: 0 or 1). */
-VNNI static inline __m512 four_of_eight(__m512 eight, int h) {
-    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                                  _mm512_set1_epi32(4 * h)), eight);
-}
-
-/* Lanes 0-7 value a's, 8-15 value b's of eight per-sub-block values. */
-VNNI static inline __m512 two_of_eight(__m512 eight, int a, int b) {
-    return _mm512_permutexvar_ps(_mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1), eight);
-}
-
 /* Q4_K / Q5_K: each half super-block's codes 64 bytes at a time (k_quant_halves), against activation codes whose
  * blocks are in that order (ggml_vnni_order: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. */
 #define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
@@ -784,8 +777,8 @@ VNNI static inline __m512 two_of_eight(__m512 eight, int a, int b) {
             for (int h = 0; h < 2; h++) {                                                                          \
                 __m512i w0, w1;                                                                                    \
                 k_quant_halves(b, QS, FIFTH, h, &w0, &w1);                                                         \
-                VNNI_PAIR_SCALED(w0, two_of_eight(k[m], 4 * h, 4 * h + 2), sb * 8 + 4 * h, -1)                     \
-                VNNI_PAIR_SCALED(w1, two_of_eight(k[m], 4 * h + 1, 4 * h + 3), sb * 8 + 4 * h + 2, -1)             \
+                VNNI_PAIR_SCALED(w0, two_lanes(k[m], 4 * h, 4 * h + 2), sb * 8 + 4 * h, -1)                        \
+                VNNI_PAIR_SCALED(w1, two_lanes(k[m], 4 * h + 1, 4 * h + 3), sb * 8 + 4 * h + 2, -1)                \
             }                                                                                                      \
             for (int m = 0; m < MR; m++) macc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * B + sb * 8), macc[m]); \
         }                                                                                                          \
@@ -853,8 +846,8 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
             const __m512i q = _mm512_loadu_si512(b + 8 + 64 * h);
             const __m512i w0 = _mm512_shuffle_epi8(book, _mm512_and_si512(q, nibble));
             const __m512i w1 = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
-            VNNI_PAIR_SCALED(w0, four_of_eight(k[m], h), sb * 8 + 4 * h, 7)
-            VNNI_PAIR_SCALED(w1, four_of_eight(k[m], h), sb * 8 + 4 * h + 2, 7)
+            VNNI_PAIR_SCALED(w0, four_lanes(k[m], 4 * h), sb * 8 + 4 * h, 7)
+            VNNI_PAIR_SCALED(w1, four_lanes(k[m], 4 * h), sb * 8 + 4 * h + 2, 7)
         }
     }
     VNNI_ROW_END
@@ -885,6 +878,15 @@ static void activation_sums16(const GGMLActs *a, int64_t M, float *xsum16) {
             for (int i = 0; i < 16; i++) s += a->planes == 2 ? 128 * h[i] + h[M * K + i] : h[i];
             xsum16[m * (K / 16) + g] = a->dx[m * (K / BLOCK) + g / 2] * (float)s;
         }
+}
+
+/* a with its xsum16 made where it has none: the memory made (for the caller to free), or NULL. */
+static float *with_sums16(GGMLActs *a, int64_t M) {
+    if (a->xsum16) return NULL;
+    float *sums16 = malloc(sizeof(float) * M * (a->K / 16));
+    activation_sums16(a, M, sums16);
+    a->xsum16 = sums16;
+    return sums16;
 }
 
 #define GGML_TILE_ROWS 16
@@ -1300,8 +1302,7 @@ VNNI static void ggml_panels_vnni(int64_t type, const uint8_t *blocks, int64_t n
     free(codes), free(xt), free(s16), free(mins), free(sums);
     if (n < n1) { /* the rows short of a panel; Q6_K's rows read xsum16, which a batch for the panels went without */
         GGMLActs rows = *a;
-        float *sums16 = type == GGML_Q6_K && !a->xsum16 ? malloc(sizeof(float) * M * (K / 16)) : NULL;
-        if (sums16) activation_sums16(a, M, sums16), rows.xsum16 = sums16;
+        float *sums16 = type == GGML_Q6_K ? with_sums16(&rows, M) : NULL;
         ggml_slice_vnni(type, blocks, n, n1, &rows, M, y + (n - n0), ld);
         free(sums16);
     }
