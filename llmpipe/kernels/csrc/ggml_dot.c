@@ -29,13 +29,15 @@ void ggml_segments_dot(const float *x, const int64_t *table, int64_t n, float *y
     int8_t *b = amx ? aligned_alloc(64, amx_act_bytes(M, K, planes)) : NULL;
     float *dxt = amx ? malloc(sizeof(float) * amx_act_floats(M, K)) : NULL;
     float *xst = amx ? malloc(sizeof(float) * amx_act_floats(M, K)) : NULL;
-    if (codes) quantize_rows(x, M, K, BLOCK, planes, qx, dx, xsum);
-    if (amx) {
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < amx_tiles(M); t++) amx_pack(qx, dx, xsum, M, K, planes, t, t + 1, b, dxt, xst);
-    } else if (codes && vnni) { /* only the VNNI rows read s4 */
-        activation_sums4(qx, M, K, planes, s4);
+    if (codes) { /* sixteen rows at a time, each laid out for the tiles as soon as it is quantized */
+#pragma omp parallel for schedule(static) if (M >= 2 * AMX_ROWS)
+        for (int64_t t = 0; t < amx_tiles(M); t++) {
+            quantize_row_range(x, M, t * AMX_ROWS, t * AMX_ROWS + AMX_ROWS < M ? t * AMX_ROWS + AMX_ROWS : M, K, BLOCK,
+                               planes, qx, dx, xsum);
+            if (amx) amx_pack(qx, dx, xsum, M, K, planes, t, t + 1, b, dxt, xst);
+        }
     }
+    if (codes && !amx && vnni) activation_sums4(qx, M, K, planes, s4); /* only the VNNI rows read s4 */
     const GGMLActs a = {qx, dx, xsum, s4, K, planes, .x = x};
     const AmxActs tiles = {b, dxt, xst, M, amx_tiles(M), K, planes};
 #pragma omp parallel

@@ -37,12 +37,13 @@ static inline __m256i pack_codes(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t group, int planes, int8_t *qx, float *dx,
-                          float *xsum) {
+/* Rows [m0, m1) of quantize_rows (its layout is that of all M rows: the planes M * K bytes apart). */
+static void quantize_row_range(const float *x, int64_t M, int64_t m0, int64_t m1, int64_t K, int64_t group, int planes,
+                               int8_t *qx, float *dx, float *xsum) {
     const int64_t G = num_groups(K, group);
     const float levels = planes == 2 ? Q16_LEVELS : Q8_LEVELS;
     const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    for (int64_t m = 0; m < M; m++) {
+    for (int64_t m = m0; m < m1; m++) {
         const float *xr = x + m * K;
         for (int64_t g = 0; g < G; g++) xsum[m * G + g] = 0.0f;
         for (int64_t b = 0; b < K / BLOCK; b++) {
@@ -75,6 +76,11 @@ static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t group, i
             xsum[m * G + b * BLOCK / group] += dx[m * (K / BLOCK) + b] * (float)total;
         }
     }
+}
+
+static void quantize_rows(const float *x, int64_t M, int64_t K, int64_t group, int planes, int8_t *qx, float *dx,
+                          float *xsum) {
+    quantize_row_range(x, M, 0, M, K, group, planes, qx, dx, xsum);
 }
 
 /* The bytes quantize_rows writes for M rows of K (qx's size). */
