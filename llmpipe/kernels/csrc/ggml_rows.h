@@ -743,12 +743,17 @@ VNNI static inline void q6_k_codes(const uint8_t *b, int h, __m512i *w0, __m512i
     *w1 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ab, 4), low, _mm512_and_si512(hh, pair), 0xEA);
 }
 
+/* 64 bytes at p → their 64 low nibbles (lo) and 64 high ones (hi), each a byte 0..15 in the bytes' order. */
+VNNI static inline void nibble_halves(const uint8_t *p, __m512i *lo, __m512i *hi) {
+    const __m512i low = _mm512_set1_epi8(0x0F), q = _mm512_loadu_si512(p);
+    *lo = _mm512_and_si512(q, low), *hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+}
+
 /* Q4_K / Q5_K super-block b's half h (64 bytes of nibbles at b + qs + 64h) as two vectors of 64 unsigned codes: w0
  * the low nibbles, sub-blocks 4h and 4h + 2; w1 the high ones, 4h + 1 and 4h + 3 (Q5_K's fifth bits: bit 4h + i of
  * its 32 bytes at b + 16 for sub-block 4h + i). The activation codes they meet are in that order (ggml_vnni_order). */
 VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int h, __m512i *w0, __m512i *w1) {
-    const __m512i low = _mm512_set1_epi8(0x0F), q = _mm512_loadu_si512(b + qs + 64 * h);
-    *w0 = _mm512_and_si512(q, low), *w1 = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+    nibble_halves(b + qs + 64 * h, w0, w1);
     if (fifth) {
         const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b + 16))), sixteen = _mm512_set1_epi8(16);
         const __m512i bit0 = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << 4 * h)), _mm256_set1_epi8((char)(4 << 4 * h)), 1);
@@ -829,7 +834,7 @@ VNNI static inline __m512i iq4_xs_codes(const uint8_t *b, int j) {
 VNNI_ROW(ggml_row_vnni_iq4_xs) {
     (void)xsum;
     VNNI_ROW_BEGIN
-    const __m512i book = codebook(IQ4_U8), nibble = _mm512_set1_epi8(0x0F);
+    const __m512i book = codebook(IQ4_U8);
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 136;
         PREFETCH_SUPER(b, 136);
@@ -843,9 +848,9 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
         __m512 k[8];
         for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8)));
         for (int h = 0; h < 2; h++) { /* 128-bit lane i: sub-block 4h + i's first 16 weights (w0), its last 16 (w1) */
-            const __m512i q = _mm512_loadu_si512(b + 8 + 64 * h);
-            const __m512i w0 = _mm512_shuffle_epi8(book, _mm512_and_si512(q, nibble));
-            const __m512i w1 = _mm512_shuffle_epi8(book, _mm512_and_si512(_mm512_srli_epi16(q, 4), nibble));
+            __m512i w0, w1;
+            nibble_halves(b + 8 + 64 * h, &w0, &w1);
+            w0 = _mm512_shuffle_epi8(book, w0), w1 = _mm512_shuffle_epi8(book, w1);
             VNNI_PAIR_SCALED(w0, four_lanes(k[m], 4 * h), sb * 8 + 4 * h, 7)
             VNNI_PAIR_SCALED(w1, four_lanes(k[m], 4 * h), sb * 8 + 4 * h + 2, 7)
         }
