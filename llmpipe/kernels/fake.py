@@ -115,6 +115,11 @@ def paged_decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_tables
     return _rows(q, q.shape[1] * q.shape[2])
 
 
+@torch.library.register_fake("llmpipe::rope_heads")
+def rope_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> None:
+    return None  # rotates heads in place
+
+
 @torch.library.register_fake("llmpipe::rope_write_decode_attention")
 def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                 slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,

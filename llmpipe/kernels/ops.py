@@ -211,6 +211,11 @@ def paged_decode_attention(q: torch.Tensor, rows: torch.Tensor, block_tables: to
     return _library().paged_decode_attention(q, rows, block_tables, lens, scale, window, scales, sinks)
 
 
+def rope_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated: int) -> None:
+    """kernels/csrc/paged_attention.c: RoPE in place on the first `rotated` heads of heads [T, heads, D]."""
+    _library().rope_heads(heads, cos, sin, rotated)
+
+
 def rope_write_decode_attention(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_cache: torch.Tensor,
                                 slots: torch.Tensor, block_tables: torch.Tensor, lens: torch.Tensor, num_heads: int,
                                 scale: float, window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from llmpipe.errors import UnsupportedModelError
+from llmpipe.kernels import ops
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
@@ -83,31 +84,52 @@ def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Precomputed cos/sin tables indexed by position; rotate-half layout (Hugging Face convention)."""
+    """cos/sin tables indexed by position; rotate-half layout (Hugging Face convention).
+
+    The tables grow as positions arrive (to the next power of two, at most max_positions): a model's
+    max_position_embeddings is often 128K, whose full tables (Llama-3.1-8B: 128 MiB) a 4K-token KV pool never
+    reaches. Each row is a function of its position alone, so a table's rows are the same at any length."""
+
+    MIN_ROWS = 4096
+    halves = 2  # the angles cover half a head, repeated: both halves of a head turn alike (rotate-half)
 
     def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
         super().__init__()
         self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
-        self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
-        self.reset_tables()
+        self.register_buffer("cos", torch.empty(0, self.table_width()), persistent=False)
+        self.register_buffer("sin", torch.empty(0, self.table_width()), persistent=False)
+
+    def table_width(self) -> int:
+        return self.head_dim
 
     def reset_tables(self) -> None:
-        """(Re)compute the tables in float32, e.g. after the model was built on the meta device."""
-        if self.cos.is_meta:
-            return
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
-        self._set_tables(torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq), halves=2)
+        """Empty the tables (they refill as positions arrive), e.g. after the model was built on the meta device."""
+        self.cos, self.sin = self.cos.new_empty(0, self.table_width()), self.sin.new_empty(0, self.table_width())
 
-    def _set_tables(self, angles: torch.Tensor, halves: int = 1) -> None:
-        """cos and sin of `angles`, repeated `halves` times along the last dimension (rotate-half: both
-        halves of a head turn by the same angles, computed once)."""
-        scale, device = rope_attention_factor(self.scaling), self.cos.device
-        self.cos = (angles.cos() * scale).float().repeat(1, halves).to(device)
-        self.sin = (angles.sin() * scale).float().repeat(1, halves).to(device)
+    def angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """Each position's angles: float64 positions → [n, table width / halves]."""
+        return torch.outer(positions, rope_inv_freq(self.head_dim, self.theta, self.scaling))
+
+    def attention_factor(self) -> float:
+        return rope_attention_factor(self.scaling)
+
+    def cover(self, positions: torch.Tensor) -> None:
+        """Grow the tables (in float32, from float64 angles) to hold these positions."""
+        have = self.cos.shape[0]
+        if have >= self.max_positions or not positions.numel():
+            return
+        needed = int(positions.max()) + 1
+        if needed <= have:
+            return
+        rows = min(self.max_positions, max(1 << (needed - 1).bit_length(), self.MIN_ROWS))
+        angles = self.angles(torch.arange(have, rows, dtype=torch.float64))
+        scale, device = self.attention_factor(), self.cos.device
+        self.cos = torch.cat([self.cos, (angles.cos() * scale).float().repeat(1, self.halves).to(device)])
+        self.sin = torch.cat([self.sin, (angles.sin() * scale).float().repeat(1, self.halves).to(device)])
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin for these positions, [T, 1, head_dim]: looked up once per forward, shared by all layers."""
+        self.cover(positions)
         return self.cos[positions].unsqueeze(1).to(dtype), self.sin[positions].unsqueeze(1).to(dtype)
 
 
@@ -117,25 +139,29 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def rotate_heads_(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, count: int) -> torch.Tensor:
+    """apply_rotary on the first `count` heads of heads [T, heads, head_dim], in place (the same bits): in C where
+    it applies, so a large step's q and k take no temporaries (five of their size in PyTorch)."""
+    if (heads.dtype == cos.dtype == torch.float32 and heads.device.type == "cpu" and heads.is_contiguous()
+            and cos.is_contiguous() and sin.is_contiguous() and ops.available()):
+        ops.rope_heads(heads, cos, sin, count)
+    else:
+        heads[:, :count] = apply_rotary(heads[:, :count], cos, sin)
+    return heads
+
+
 class InterleavedRotaryEmbedding(RotaryEmbedding):
     """RoPE on consecutive channel pairs (x0, x1), (x2, x3), … of the last `rotary_dim` channels of
-    each head (DeepSeek V4): tables hold one angle per pair, [max_positions, rotary_dim / 2]."""
+    each head (DeepSeek V4): tables hold one angle per pair, [positions, rotary_dim / 2]."""
 
-    def __init__(self, rotary_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None):
-        torch.nn.Module.__init__(self)
-        self.head_dim, self.max_positions, self.theta, self.scaling = rotary_dim, max_positions, theta, scaling
-        self.register_buffer("cos", torch.empty(max_positions, rotary_dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, rotary_dim // 2), persistent=False)
-        self.reset_tables()
+    halves = 1
 
-    def reset_tables(self) -> None:
-        if self.cos.is_meta:
-            return
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
-        self._set_tables(torch.outer(torch.arange(self.max_positions, dtype=torch.float64), inv_freq))
+    def table_width(self) -> int:
+        return self.head_dim // 2
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, 1, rotary_dim / 2] in float32 (the rotation runs in float32, as the reference's)."""
+        self.cover(positions)
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 

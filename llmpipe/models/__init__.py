@@ -9,7 +9,6 @@ from torch import nn
 
 from llmpipe.config import EngineConfig, ModelConfig
 from llmpipe.kernels import huge_pages
-from llmpipe.layers.rotary import RotaryEmbedding
 from llmpipe.models.registry import family_of
 from llmpipe.quant.apply import QuantPlan, module_plan, quantize_activations, quantize_linears
 from llmpipe.quant.formats import QuantizedWeight
@@ -40,9 +39,6 @@ def build_model(
     # imports sympy (0.3 s of a 1B's load); torch.empty of the same shape allocates the same memory.
     model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     huge_pages.place_weights(model, fresh=True)  # pages become resident as weights arrive
-    for module in model.modules():
-        if isinstance(module, RotaryEmbedding):
-            module.reset_tables()
     model.load_weights(weights)
     quantize_activations(model, activation_quantization)
     if float_batch_weights:

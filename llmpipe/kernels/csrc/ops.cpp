@@ -69,6 +69,8 @@ void paged_decode_attention(const float *q, const void *cache, const uint16_t *s
                             const int64_t *lens, float *out, int64_t B, int64_t H, int64_t KVH, int64_t D,
                             int64_t num_blocks, int64_t block_size, int64_t table_width, float scale, int64_t window,
                             const float *sinks);
+void rope_heads(float *heads, const float *cos, const float *sin, int64_t T, int64_t row_heads, int64_t rotated,
+                int64_t D);
 void rope_write_decode_attention(float *qkv, const float *cos, const float *sin, float *cache, const int64_t *slots,
                                  const int64_t *block_tables, const int64_t *lens, float *out, int64_t B, int64_t H,
                                  int64_t KVH, int64_t D, int64_t num_blocks, int64_t block_size, int64_t table_width,
@@ -509,6 +511,20 @@ at::Tensor paged_decode_attention(const at::Tensor &q_in, const at::Tensor &kv_c
     return out;
 }
 
+// heads [T, heads, D]: its first `rotated` heads turned by RoPE in place, with cos / sin [T, 1, D].
+void rope_heads(const at::Tensor &heads, const at::Tensor &cos, const at::Tensor &sin, int64_t rotated) {
+    const char *op = "rope_heads";
+    check(op, "heads", heads, at::kFloat, 3);
+    const int64_t rows = heads.size(0), head_dim = heads.size(2);
+    check_rotary(op, "cos", cos, rows, head_dim);
+    check_rotary(op, "sin", sin, rows, head_dim);
+    TORCH_CHECK(0 <= rotated && rotated <= heads.size(1), op, ": rotated must be in [0, ", heads.size(1), "], got ",
+                rotated);
+    if (rows == 0 || rotated == 0) return;
+    kernels::rope_heads(heads.mutable_data_ptr<float>(), cos.const_data_ptr<float>(), sin.const_data_ptr<float>(),
+                        rows, heads.size(1), rotated, head_dim);
+}
+
 // heads [B, H + 2 KVH, D] (rotated in place), K/V written to kv_cache at slots [B].
 at::Tensor rope_write_decode_attention(const at::Tensor &heads, const at::Tensor &cos, const at::Tensor &sin,
                                        const at::Tensor &kv_cache, const at::Tensor &slots,
@@ -625,6 +641,7 @@ TORCH_LIBRARY(llmpipe, m) {
     m.def("small_batch_linear(Tensor x, Tensor weight) -> Tensor");
     m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor lens, float scale, "
           "int? window, Tensor? kv_scales=None, Tensor? sinks=None) -> Tensor");
+    m.def("rope_heads(Tensor(a!) heads, Tensor cos, Tensor sin, int rotated) -> ()");
     m.def("rope_write_decode_attention(Tensor(a!) heads, Tensor cos, Tensor sin, Tensor(b!) kv_cache, Tensor slots, "
           "Tensor block_tables, Tensor lens, int num_heads, float scale, int? window, Tensor? sinks=None) -> Tensor");
     m.def("decode_step(Tensor(a!) x, Tensor(b!) kv_pool, Tensor(c!)? kv_scales, Tensor descriptors, Tensor cos, "
@@ -651,6 +668,7 @@ TORCH_LIBRARY_IMPL(llmpipe, CPU, m) {
     m.impl("gated_delta_decode", &gated_delta_decode);
     m.impl("small_batch_linear", &small_batch_linear);
     m.impl("paged_decode_attention", &paged_decode_attention);
+    m.impl("rope_heads", &rope_heads);
     m.impl("rope_write_decode_attention", &rope_write_decode_attention);
     m.impl("decode_step", &decode_step);
 }

@@ -28,6 +28,20 @@ void paged_decode_attention(const float *q, const void *cache, const uint16_t *s
     free(part_out), free(part_stats);
 }
 
+/* RoPE in place on the first `rotated` heads of each row of heads [T, row_heads, D] (a step's q and k heads),
+ * with cos / sin [T, D]: apply_rotary's bits (rotate_half), and no temporaries the size of the step. */
+void rope_heads(float *heads, const float *cos, const float *sin, int64_t T, int64_t row_heads, int64_t rotated,
+                int64_t D) {
+#pragma omp parallel if (T * rotated * D >= 1 << 16)
+    {
+        float *tmp = malloc(sizeof(float) * D);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < rotated; h++) rotate_half(heads + (t * row_heads + h) * D, cos + t * D, sin + t * D, D, tmp);
+        free(tmp);
+    }
+}
+
 /* A decode-only batch's attention in one call: qkv [B, H + 2 KVH, D] (the fused projection's
  * output, rotated in place), RoPE on q and k heads with cos / sin [B, D], k and v written to the
  * cache at slots[b], then paged_decode_attention on the rotated queries → out [B, H × D]. */

@@ -19,7 +19,7 @@ from llmpipe.layers.activation import ACTIVATIONS
 from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
-from llmpipe.layers.rotary import RotaryEmbedding, apply_rotary
+from llmpipe.layers.rotary import RotaryEmbedding, rotate_heads_
 from llmpipe.models.causal_lm import CausalLM
 from llmpipe.models.llama.decode_step import FusedDecodeBody
 from llmpipe.models.weights import load_weights, target_of
@@ -64,10 +64,14 @@ class LlamaAttention(nn.Module):
                 heads, *rope, kv_cache, meta.slot_mapping, meta.decode_block_tables, meta.decode_context_lens,
                 self.num_heads, self.scale, self.window, self.sinks)
             return self.o_proj(out)
-        qk, v = heads[:, : self.num_heads + self.num_kv_heads], heads[:, self.num_heads + self.num_kv_heads :]
+        rotated = self.num_heads + self.num_kv_heads
+        qk, v = heads[:, :rotated], heads[:, rotated:]
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads :])], dim=1)
-        q, k = apply_rotary(qk, *rope).split([self.num_heads, self.num_kv_heads], dim=1)  # q and k rotated together
+            rotate_heads_(qk, *rope, rotated)
+        else:
+            rotate_heads_(heads, *rope, rotated)  # qk is a view of heads: q and k rotated together, in place
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv_cache, meta, self.scale, self.window, self.sinks)
         return self.o_proj(out)
 

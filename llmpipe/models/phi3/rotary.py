@@ -12,7 +12,6 @@ as transformers' model does when stepped on its cache without `generate`.
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
@@ -20,20 +19,16 @@ from llmpipe.layers.rotary import RotaryEmbedding
 
 
 class LongRoPE(RotaryEmbedding):
-    def __init__(self, rotary_dim: int, max_positions: int, theta: float, scaling: dict[str, Any]):
-        super().__init__(rotary_dim, max_positions, theta, scaling)
+    halves = 1  # the long/short factors differ across the whole head: its angles are computed whole
 
-    def reset_tables(self) -> None:
-        if self.cos.is_meta:
-            return
+    def angles(self, positions: torch.Tensor) -> torch.Tensor:
         dim, s = self.head_dim, self.scaling
         inv_freq = 1.0 / (self.theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-        positions = torch.arange(self.max_positions, dtype=torch.float64)
         is_long = (positions >= s["original_max_position_embeddings"]).unsqueeze(1)
         factors = torch.where(is_long, torch.tensor(s["long_factor"], dtype=torch.float64),
                               torch.tensor(s["short_factor"], dtype=torch.float64))
         angles = positions.unsqueeze(1) * inv_freq / factors
-        angles = torch.cat([angles, angles], dim=-1)
-        scale, device = s["attention_factor"], self.cos.device
-        self.cos = (angles.cos() * scale).float().to(device)
-        self.sin = (angles.sin() * scale).float().to(device)
+        return torch.cat([angles, angles], dim=-1)
+
+    def attention_factor(self) -> float:
+        return self.scaling["attention_factor"]
