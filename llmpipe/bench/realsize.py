@@ -30,6 +30,7 @@ from llmpipe.bench import peers
 from llmpipe.bench.realsize_checkpoint import SHAPES, Shape, write_checkpoint
 from llmpipe.bench.report import write_json
 from llmpipe.config import ACTIVATION_QUANTIZATIONS, parse_bytes
+from llmpipe.diagnose.memory import STEP_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -157,14 +158,14 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> Finis
 
 def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str],
                   prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
-                  activations: str = DEFAULT_ACTIVATIONS) -> dict[str, Any]:
+                  activations: str = DEFAULT_ACTIVATIONS, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:
     """In a fresh process: load (load_memory's timing and RSS), then the latency and throughput
-    benches' own measurements of batch-1 decode, prefill and a batch."""
+    benches' own measurements of batch-1 decode, prefill and a batch (steps of at most step_tokens)."""
     from llmpipe.bench import latency, load_memory, throughput
     from llmpipe.bench.report import random_prompt
 
     llm, result = load_memory.measure_load(path, kv_cache_memory, num_threads=threads,
-                                           activation_quantization=activations)
+                                           activation_quantization=activations, max_num_batched_tokens=step_tokens)
     vocab = llm.engine.config.model_config.vocab_size
     # Ready = loaded and one prompt evaluated, as llama.cpp's load time (to the end of its first eval): a weight
     # that is a view of the file's mapping would otherwise leave page faults to the first step.
@@ -187,10 +188,11 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
 
 def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
                 prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
-                activations: str = DEFAULT_ACTIVATIONS) -> dict[str, Any]:
+                activations: str = DEFAULT_ACTIVATIONS, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:
     command = [sys.executable, "-m", "llmpipe.bench.realsize", "--child", str(gguf), "--kv-cache-memory",
                kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens),
-               "--repetitions", str(repetitions), "--activations", activations, "--skip", *skip]
+               "--repetitions", str(repetitions), "--activations", activations,
+               "--max-num-batched-tokens", str(step_tokens), "--skip", *skip]
     done = run_measured(command)
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
@@ -250,27 +252,28 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
     row: dict[str, Any] = {"model": model, "type": qtype, "file": str(gguf), "file_bytes": file_bytes,
                            "prefill_tokens": args.prefill_tokens,
                            "bytes_per_token": bytes_per_token(gguf),
-                           "threads": args.threads, "kv_cache_memory": kv, "memory_bandwidth_GBps": bandwidth / 1e9}
+                           "threads": args.threads, "kv_cache_memory": kv, "max_num_batched_tokens": args.max_num_batched_tokens,
+                           "memory_bandwidth_GBps": bandwidth / 1e9}
     read_through(gguf)  # both engines start from the page cache: the first would otherwise pay the disk for both
-    ours = {act: run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions, act)
-            for act in args.activations}
+    ours = {act: run_llmpipe(gguf, kv, args.threads, args.skip, args.prefill_tokens, args.repetitions, act,
+                             args.max_num_batched_tokens) for act in args.activations}
     theirs = run_llama_cpp(gguf, args.threads, args.skip, args.prefill_tokens, args.repetitions)
-    row["predicted_peak_rss"] = predicted_peak_rss(gguf, kv)
+    row["predicted_peak_rss"] = predicted_peak_rss(gguf, kv, args.max_num_batched_tokens)
     rows = [{**row, "activations": act, "llmpipe": result, "llama.cpp": theirs} for act, result in ours.items()]
     for each in rows:
         add_ratios(each, bandwidth)
     return rows
 
 
-def predicted_peak_rss(gguf: Path, kv_cache_memory: str) -> int:
+def predicted_peak_rss(gguf: Path, kv_cache_memory: str, step_tokens: int = STEP_TOKENS) -> int:
     """`llmpipe memory`'s process peak for this file beside the run's KV pool (whole): the runtime, the weights as
-    the engine loads them and a step of max_num_batched_tokens tokens' activations."""
-    from llmpipe.diagnose.memory import STEP_TOKENS, process_peak, step_bytes, weight_bytes
+    the engine loads them and a step of step_tokens tokens' activations."""
+    from llmpipe.diagnose.memory import process_peak, step_bytes, weight_bytes
     from llmpipe.loader import load_checkpoint
 
     checkpoint = load_checkpoint(str(gguf))
     weights = weight_bytes(checkpoint.config, "float32", "auto", stored=getattr(checkpoint.source, "stored_bytes", None))
-    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, STEP_TOKENS))
+    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, step_tokens))
 
 
 def bytes_per_token(gguf: Path) -> int:
@@ -479,6 +482,9 @@ def add_arguments(parser: Any) -> None:
                         "own, blocks of int8 codes; auto: llmpipe's default)")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="llmpipe's KV pool (default 1GiB; 256MiB for the 1B, 2GiB for a hybrid)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS,
+                        help=f"llmpipe's step (default {STEP_TOKENS}, the engine's; 512 is llama.cpp's n_ubatch: "
+                        "smaller steps, smaller transients)")
     parser.add_argument("--cache", default=str(CACHE), help="where the GGUFs are kept")
     parser.add_argument("--prepare-only", action="store_true", help="make the GGUFs, measure nothing")
     parser.add_argument("--keep-bf16", action="store_true", help="keep each model's bfloat16 GGUF (for more types later)")
@@ -500,6 +506,8 @@ if __name__ == "__main__":
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parser.add_argument("--repetitions", type=int, default=REPETITIONS)
     parser.add_argument("--activations", default=DEFAULT_ACTIVATIONS)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS)
     parsed = parser.parse_args()
     print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip,
-                                   parsed.prefill_tokens, parsed.repetitions, parsed.activations)))
+                                   parsed.prefill_tokens, parsed.repetitions, parsed.activations,
+                                   parsed.max_num_batched_tokens)))

@@ -86,12 +86,22 @@ def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: 
             sinks: torch.Tensor | None) -> torch.Tensor:
     if not meta.prefills:
         return decode_attention(q, kv_cache, meta, scale, window, sinks)
-    parts = []
-    if meta.num_decodes:
-        parts.append(decode_attention(q[: meta.num_decodes], kv_cache, meta, scale, window, sinks))
-    for chunk in meta.prefills:
-        parts.append(prefill_attention(q[chunk.token_start : chunk.token_end], kv_cache, chunk, scale, window, sinks))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+    pieces = [(slice(0, meta.num_decodes), None)] if meta.num_decodes else []
+    pieces += [(slice(chunk.token_start, chunk.token_end), chunk) for chunk in meta.prefills]
+
+    def attend(rows: slice, chunk: PrefillChunk | None) -> torch.Tensor:
+        if chunk is None:
+            return decode_attention(q[rows], kv_cache, meta, scale, window, sinks)
+        return prefill_attention(q[rows], kv_cache, chunk, scale, window, sinks)
+
+    if len(pieces) == 1:
+        return attend(*pieces[0])
+    out = None
+    for rows, chunk in pieces:  # each piece written into one output as it comes: no list of them, no cat
+        y = attend(rows, chunk)
+        out = y.new_empty(q.shape[0], y.shape[1]) if out is None else out
+        out[rows] = y
+    return out
 
 
 def decode_attention(

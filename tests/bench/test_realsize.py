@@ -184,13 +184,14 @@ def test_each_activation_numerics_gets_a_row_against_one_llama_cpp_run(tmp_path,
     gguf.write_bytes(b"\0" * 1000)
     calls = []
     monkeypatch.setattr(realsize, "bytes_per_token", lambda path: 1000)
-    monkeypatch.setattr(realsize, "predicted_peak_rss", lambda path, kv: None)  # the file is no model
-    monkeypatch.setattr(realsize, "run_llmpipe", lambda *a: calls.append(a[-1]) or {"tg": {"auto": 9.0, "int8": 12.0}[a[-1]]})
+    monkeypatch.setattr(realsize, "predicted_peak_rss", lambda path, kv, step: calls.append(("predicted", step)))
+    monkeypatch.setattr(realsize, "run_llmpipe", lambda *a: calls.append(a[6:]) or {"tg": {"auto": 9.0, "int8": 12.0}[a[6]]})
     monkeypatch.setattr(realsize, "run_llama_cpp", lambda *a: calls.append("llama.cpp") or {"tg": 10.0})
     args = argparse.Namespace(kv_cache_memory="1GiB", prefill_tokens=512, threads=2, skip=[], repetitions=1,
-                              activations=["auto", "int8"])
+                              activations=["auto", "int8"], max_num_batched_tokens=512)
     rows = realsize.bench_file("llama-3.2-1b", "Q4_K_M", gguf, args, bandwidth=1e9)
-    assert calls == ["auto", "int8", "llama.cpp"]
+    assert calls == [("auto", 512), ("int8", 512), "llama.cpp", ("predicted", 512)]  # each engine run at the step asked
+    assert rows[0]["max_num_batched_tokens"] == 512
     assert [(r["activations"], r["ratios"]["tg"]) for r in rows] == [("auto", 0.9), ("int8", 1.2)]
     table = realsize.markdown_table(rows)
     assert "| llama-3.2-1b | Q4_K_M |" in table and "| llama-3.2-1b (int8 activations) | Q4_K_M |" in table

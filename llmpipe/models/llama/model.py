@@ -92,7 +92,13 @@ class LlamaMLP(nn.Module):
         rows = x.shape[0]
         if rows <= MLP_CHUNK_ROWS or self.gate_up_proj._forward_hooks or self.down_proj._forward_hooks:
             return self.gated(x)  # hooks (LoRA's per-row deltas) see the step's rows whole
-        return torch.cat([self.gated(part) for part in x.tensor_split(-(-rows // MLP_CHUNK_ROWS))])
+        out, start = None, 0
+        for part in x.tensor_split(-(-rows // MLP_CHUNK_ROWS)):
+            y = self.gated(part)
+            out = y.new_empty(rows, y.shape[1]) if out is None else out  # filled part by part: no list, no cat
+            out[start : start + part.shape[0]] = y
+            start += part.shape[0]
+        return out
 
     def gated(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -112,8 +118,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg) if mlp is None else mlp  # a mixture of experts' sparse block, in place of the dense one
 
     def forward(self, x, rope, kv_cache, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta)  # x is the caller's: left as it is
+        return h.add_(self.mlp(self.post_attention_layernorm(h)))  # h is this layer's own: one [T, hidden] fewer
 
     def decode_step_norms(self) -> tuple[nn.Module, nn.Module, None, None]:
         """For the fused step: the norms before attention and before the MLP; none on their outputs."""
