@@ -18,7 +18,7 @@ WRITES = {  # op → the arguments it writes in place
     "int4_dequantize": set(), "int8_dequantize": set(), "q5_0_linear": set(), "q5_0_linear_dot": set(),
     "q5_0_unpack": set(), "ggml_linear_dot": set(), "ggml_segments_dot": set(), "has_amx": set(), "greedy_argmax": set(),
     "small_batch_linear": set(), "paged_decode_attention": set(),
-    "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
+    "rope_heads": {"heads"}, "rope_write_decode_attention": {"heads", "kv_cache"}, "decode_step": {"x", "kv_pool", "kv_scales"},
     "gated_delta_step": {"state"}, "gated_delta_decode": {"conv_state", "ssm"},
 }
 N, K, GROUP = 48, 64, 32
@@ -96,6 +96,7 @@ def test_the_integer_dot_ops_default_to_the_fastest_isa():
     ("small_batch_linear", (torch.randn(3, 32), torch.randn(40, 32))),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *attention_args().values(), 0.25, 4)),
     ("paged_decode_attention", (torch.randn(2, 6, 16), *int8_attention_args().values(), 0.25, 4, INT8_SCALES)),
+    ("rope_heads", (torch.randn(3, 10, 16), torch.randn(3, 1, 16), torch.randn(3, 1, 16), 8)),
     ("rope_write_decode_attention", rope_args()),
     ("gated_delta_step", (*(torch.randn(2, 4, 8) for _ in range(3)), -torch.rand(2, 4), torch.rand(2, 4),
                           torch.randn(3, 4, 8, 8), torch.tensor([2, 0]))),
@@ -178,6 +179,10 @@ def test_shapes_the_c_code_does_not_take_are_refused():
     assert "kv_scales must be [2, blocks, block size, KV heads, 1]" in refusal(
         "paged_decode_attention", torch.randn(2, 6, 16), codes, a["block_tables"], a["lens"], 0.25, None,
         INT8_SCALES[:, :4].contiguous())
+    tables = torch.randn(3, 1, 16)
+    assert "rope_heads: rotated must be in [0, 10], got 11" in refusal("rope_heads", torch.randn(3, 10, 16), tables, tables, 11)
+    assert "rope_heads: cos must hold 3 x 16 values" in refusal(
+        "rope_heads", torch.randn(3, 10, 16), torch.randn(2, 1, 16), tables, 8)
 
 
 def test_the_decode_step_refuses_a_descriptor_table_of_another_layout_or_out_of_range_indices():
