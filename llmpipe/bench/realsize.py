@@ -29,8 +29,7 @@ from typing import Any
 from llmpipe.bench import peers
 from llmpipe.bench.realsize_checkpoint import SHAPES, Shape, write_checkpoint
 from llmpipe.bench.report import write_json
-from llmpipe.config import ACTIVATION_QUANTIZATIONS, parse_bytes
-from llmpipe.diagnose.memory import STEP_TOKENS
+from llmpipe.config import ACTIVATION_QUANTIZATIONS, EngineConfig, parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +43,7 @@ REPETITIONS = 3  # llama-bench's default -r is 5; the best of 3 of each engine
 BATCH, BATCH_INPUT, BATCH_OUTPUT = 16, 128, 128
 GiB = 2**30
 DEFAULT_ACTIVATIONS = "auto"
+STEP_TOKENS = EngineConfig.max_num_batched_tokens  # llmpipe's step unless --max-num-batched-tokens says
 ACTIVATIONS = tuple(a for a in ACTIVATION_QUANTIZATIONS if a)  # float activations (None) are not on this table
 
 # llama.cpp's converter run with its source tree's packages and a fixed pre-tokenizer name (it
@@ -268,7 +268,7 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
 def predicted_peak_rss(gguf: Path, kv_cache_memory: str, step_tokens: int = STEP_TOKENS) -> int:
     """`llmpipe memory`'s process peak for this file beside the run's KV pool (whole): the runtime, the weights as
     the engine loads them and a step of step_tokens tokens' activations."""
-    from llmpipe.diagnose.memory import process_peak, step_bytes, weight_bytes
+    from llmpipe.diagnose.memory import process_peak, step_bytes, weight_bytes  # the memory model: on use
     from llmpipe.loader import load_checkpoint
 
     checkpoint = load_checkpoint(str(gguf))

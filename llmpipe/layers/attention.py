@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from llmpipe.layers import attention_kernel
+from llmpipe.layers.rows import stack_rows
 from llmpipe.quant.kv import QuantizedKV
 
 KVLayer = torch.Tensor | QuantizedKV  # one layer's [2, blocks, block_size, kv_heads, head_dim] cache
@@ -94,14 +95,7 @@ def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: 
             return decode_attention(q[rows], kv_cache, meta, scale, window, sinks)
         return prefill_attention(q[rows], kv_cache, chunk, scale, window, sinks)
 
-    if len(pieces) == 1:
-        return attend(*pieces[0])
-    out = None
-    for rows, chunk in pieces:  # each piece written into one output as it comes: no list of them, no cat
-        y = attend(rows, chunk)
-        out = y.new_empty(q.shape[0], y.shape[1]) if out is None else out
-        out[rows] = y
-    return out
+    return stack_rows(q.shape[0], ((rows, attend(rows, chunk)) for rows, chunk in pieces))
 
 
 def decode_attention(

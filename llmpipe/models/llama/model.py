@@ -20,6 +20,7 @@ from llmpipe.layers.attention import AttentionMetadata, paged_attention
 from llmpipe.layers.linear import Linear
 from llmpipe.layers.norm import RMSNorm
 from llmpipe.layers.rotary import RotaryEmbedding, rotate_heads_
+from llmpipe.layers.rows import row_slices, stack_rows
 from llmpipe.models.causal_lm import CausalLM
 from llmpipe.models.llama.decode_step import FusedDecodeBody
 from llmpipe.models.weights import load_weights, target_of
@@ -89,16 +90,9 @@ class LlamaMLP(nn.Module):
         self.act = ACTIVATIONS[cfg.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.shape[0]
-        if rows <= MLP_CHUNK_ROWS or self.gate_up_proj._forward_hooks or self.down_proj._forward_hooks:
+        if x.shape[0] <= MLP_CHUNK_ROWS or self.gate_up_proj._forward_hooks or self.down_proj._forward_hooks:
             return self.gated(x)  # hooks (LoRA's per-row deltas) see the step's rows whole
-        out, start = None, 0
-        for part in x.tensor_split(-(-rows // MLP_CHUNK_ROWS)):
-            y = self.gated(part)
-            out = y.new_empty(rows, y.shape[1]) if out is None else out  # filled part by part: no list, no cat
-            out[start : start + part.shape[0]] = y
-            start += part.shape[0]
-        return out
+        return stack_rows(x.shape[0], ((rows, self.gated(x[rows])) for rows in row_slices(x.shape[0], MLP_CHUNK_ROWS)))
 
     def gated(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
