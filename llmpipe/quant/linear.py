@@ -459,8 +459,9 @@ class GGMLLinear(QuantizedLinear):
                 pieces.append(GGMLWeight(ggml_type, blocks).dequantize())
             else:
                 inside = torch.nonzero((rows >= first_row) & (rows < first_row + count)).flatten()
-                pieces.append(GGMLWeight(ggml_type, blocks[rows[inside] - first_row]).dequantize())
-                places.append(inside)
+                if len(inside):  # a slice of rows may miss a segment (gguf-py's dequantize takes no empty rows)
+                    pieces.append(GGMLWeight(ggml_type, blocks[rows[inside] - first_row]).dequantize())
+                    places.append(inside)
             first_row += count
         if len(pieces) == 1:
             return pieces[0]

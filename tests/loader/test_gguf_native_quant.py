@@ -230,3 +230,26 @@ def test_q2_k_q3_k_and_iq4_stay_quantized_and_compute_the_float_model(tmp_path):
     tokens = [llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
               for llm in (native, dense, LLM(str(quantized), progress=False))]  # the last: default activations
     assert tokens[0] == tokens[1] == tokens[2]
+
+
+def test_float_activations_take_slices_of_rows_that_miss_a_segment(monkeypatch):
+    """The float path dequantizes DEQUANTIZE_ROWS rows at a time: a slice wholly inside one segment (a Q4_K_M
+    qkv's Q4_K q and k, its Q6_K v) leaves the others out, as without the kernels (the portable path)."""
+    from llmpipe.kernels import ops
+    from llmpipe.quant.linear import DEQUANTIZE_ROWS
+
+    sizes, types = (DEQUANTIZE_ROWS + 64, 32), (Q.Q4_K, Q.Q6_K)
+    blocks = [random_blocks(t, seed=i, shape=(n, 256)) for i, (t, n) in enumerate(zip(types, sizes))]
+    layer = GGMLLinear(256, sum(sizes))
+    layer.shard_sizes = sizes
+    for i, (t, raw) in enumerate(zip(types, blocks)):
+        layer.load_shard(i, native_weight(t, torch.from_numpy(raw)))
+    weight = torch.cat([torch.from_numpy(quants.dequantize(raw, t).astype(np.float32)) for t, raw in zip(types, blocks)])
+    rows = torch.tensor([3, DEQUANTIZE_ROWS + 70, 5])
+    assert torch.equal(layer.kernel_weight(torch.tensor([7, 2])), weight[[7, 2]])  # one segment's rows only
+    assert torch.equal(layer.kernel_weight(rows), weight[rows])
+    x = torch.randn(3, 256)
+    monkeypatch.setattr(ops, "available", lambda: False)
+    for bits in (None, 16):  # float activations, and the integer kernels' fallback without the library
+        layer.activation_bits = bits
+        torch.testing.assert_close(layer(x), x @ weight.T, atol=1e-4, rtol=1e-5)
