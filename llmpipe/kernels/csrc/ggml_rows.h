@@ -177,13 +177,17 @@ static inline void activation_sums4(const int8_t *qx, int64_t M, int64_t K, int 
         }
 }
 
-/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins as bytes 0-7 (scales) and 8-15 (mins). */
+/* Q4_K / Q5_K: the 12 bytes of 6-bit scales and mins at q as bytes 0-7 (scales) and 8-15 (mins), in vector
+ * registers (the scalar shifts and masks through memory were a third of the VNNI rows' instructions). Scale j < 4 is
+ * q[j] & 63 and min j < 4 q[4 + j] & 63; scale j >= 4 is q[4 + j]'s low nibble and min j >= 4 its high one, each with
+ * bits 6-7 of q[j - 4] (scales) or q[j] (mins) above. Reads 16 bytes at q: in a super-block the codes follow. */
 static inline __m128i k_scale_bytes(const uint8_t *q) {
-    uint32_t a[3];
-    memcpy(a, q, 12);
-    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-    return _mm_setr_epi32((int)(a[0] & six), (int)((a[2] & four) | (((a[0] >> 6) & two) << 4)), (int)(a[1] & six),
-                          (int)(((a[2] >> 4) & four) | (((a[1] >> 6) & two) << 4)));
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);
+    const __m128i low = _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+    const __m128i tops = _mm_shuffle_epi8(v, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+    const __m128i nibbles = _mm_blend_epi32(low, _mm_srli_epi16(low, 4), 8); /* lanes 12-15: the high nibbles */
+    const __m128i masks = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    return _mm_or_si128(_mm_and_si128(nibbles, masks), _mm_and_si128(_mm_srli_epi16(tops, 2), _mm_set1_epi8(0x30)));
 }
 
 /* Prefetch a super-block's bytes, `ahead` bytes on. */
@@ -552,7 +556,9 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
  * for 15-bit ones with zero 128 (ZS 7: Q8_0, the IQ4 codebooks, MXFP4) the high plane's, before its shift by 7
  * (2^7 (hi·u - s4) + lo·u = x·u - 2^7 s4) — two fewer instructions a pair where the 4-bit rows are
  * instruction-bound. */
-#define VNNI_PAIR_SCALED(w, KM, c, ZS)                                                                             \
+#define VNNI_PAIR_SCALED(w, KM, c, ZS) VNNI_PAIR_INTO(acc, w, KM, c, ZS)
+/* As VNNI_PAIR_SCALED, into the accumulators A[m]. */
+#define VNNI_PAIR_INTO(A, w, KM, c, ZS)                                                                            \
     for (int m = 0; m < MR; m++) {                                                                                 \
         const int8_t *p_ = qx + m * K + (c) * BLOCK;                                                               \
         const __m512i z_ = (ZS) >= 0 ? _mm512_loadu_si512(s4 + m * (K / 4) + (c) * 8) : _mm512_setzero_si512();   \
@@ -566,8 +572,17 @@ static inline void ggml_unpack(int64_t t, const uint8_t *b, int8_t *codes, float
             d_ = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), \
                                   w, _mm512_loadu_si512(p_)), 7), w, _mm512_loadu_si512(p_ + lo)),                  \
                                   _mm512_slli_epi32(z_, (ZS) < 0 ? 0 : (ZS)));                                      \
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), KM, acc[m]);                                              \
+        (A)[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d_), KM, (A)[m]);                                              \
     }
+
+/* A second set of accumulators where one or two activation rows leave the multiply-adds one chain each (their
+ * latency, not the instructions, bounded the rows); more rows are chains enough. */
+#define VNNI_SECOND_ACC                                                                                            \
+    __m512 acc2_[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                                                  \
+    __m512 *const acc_b = MR <= 2 ? acc2_ : acc;
+#define VNNI_SECOND_ACC_END                                                                                        \
+    if (MR <= 2)                                                                                                   \
+        for (int m = 0; m < MR; m++) acc[m] = _mm512_add_ps(acc[m], acc2_[m]);
 
 /* As VNNI_PAIR_SCALED, with ws the lanes' weight scales (each row's dx applied here). */
 #define VNNI_PAIR(w, ws, c, ZS) VNNI_PAIR_SCALED(w, _mm512_mul_ps(ws, pair_lanes(dx + m * B + (c))), c, ZS)
@@ -641,6 +656,7 @@ VNNI static inline __m512 block_e8m0s(const uint8_t *b, __m512i at) {
 #define DEFINE_VNNI_ROW32(NAME, STRIDE, CODES2, CODES1, ZS, MIN, SCALE1, SCALE16)                                    \
     VNNI_ROW(NAME) {                                                                                               \
         VNNI_ROW_BEGIN                                                                                             \
+        VNNI_SECOND_ACC                                                                                            \
         int64_t c = k0 / BLOCK;                                                                                    \
         const __m512i at_ = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), \
                                                _mm512_set1_epi32(STRIDE));                                         \
@@ -657,9 +673,13 @@ VNNI static inline __m512 block_e8m0s(const uint8_t *b, __m512i at) {
                 const uint8_t *b = b16 + 2 * j * (STRIDE);                                                         \
                 _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                \
                 const __m512i w = CODES2(b);                                                                       \
-                VNNI_PAIR_SCALED(w, two_lanes(k16[m], 2 * j, 2 * j + 1), c + 2 * j, ZS)                            \
+                if (j & 1)                                                                                         \
+                    VNNI_PAIR_INTO(acc_b, w, two_lanes(k16[m], 2 * j, 2 * j + 1), c + 2 * j, ZS)                   \
+                else                                                                                               \
+                    VNNI_PAIR_SCALED(w, two_lanes(k16[m], 2 * j, 2 * j + 1), c + 2 * j, ZS)                        \
             }                                                                                                      \
         }                                                                                                          \
+        VNNI_SECOND_ACC_END                                                                                        \
         for (; c + 1 < k1 / BLOCK; c += 2) {                                                                       \
             const uint8_t *b = row + c * (STRIDE);                                                                 \
             _mm_prefetch((const char *)b + ahead, _MM_HINT_T0);                                                    \
@@ -763,31 +783,41 @@ VNNI static inline void k_quant_halves(const uint8_t *b, int qs, int fifth, int 
 }
 
 /* Q4_K / Q5_K: each half super-block's codes 64 bytes at a time (k_quant_halves), against activation codes whose
- * blocks are in that order (ggml_vnni_order: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. */
+ * blocks are in that order (ggml_vnni_order: blocks 4h + 2 and 4h + 1 trade places), mins against xsum. The eight
+ * scales and eight mins go through one 512-bit vector, sc: lanes 0-7 d * scale, 8-15 dmin * min; against one of dx
+ * (lanes 0-7) and xsum (8-15), its low half makes the pairs' multipliers and its high half adds the mins' terms. */
 #define DEFINE_VNNI_ROW_K(NAME, S, QS, FIFTH)                                                                        \
     VNNI_ROW(NAME) {                                                                                               \
         (void)s4;                                                                                                  \
         VNNI_ROW_BEGIN                                                                                             \
-        __m256 macc[8];                                                                                            \
-        for (int m = 0; m < MR; m++) macc[m] = _mm256_setzero_ps();                                                \
+        __m512 macc[8];                                                                                            \
+        for (int m = 0; m < MR; m++) macc[m] = _mm512_setzero_ps();                                                \
+        VNNI_SECOND_ACC                                                                                            \
+        const __m512i halves = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi32(1), 1);                 \
         for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {                                                       \
             const uint8_t *b = row + sb * (S);                                                                     \
             PREFETCH_SUPER(b, S);                                                                                  \
-            const __m128i packed = k_scale_bytes(b + 4);                                                           \
-            const __m256 sc = _mm256_mul_ps(_mm256_set1_ps(f16_at(b)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(packed))); \
-            const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)),                                       \
-                                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed, 8)))); \
+            int dd_;                                                                                               \
+            memcpy(&dd_, b, 4);                                                                                    \
+            const __m128 d2 = _mm_cvtph_ps(_mm_cvtsi32_si128(dd_)); /* d, dmin */                                  \
+            const __m512 sc = _mm512_mul_ps(_mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2)),               \
+                                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(k_scale_bytes(b + 4))));       \
             __m512 k[8];                                                                                           \
-            for (int m = 0; m < MR; m++) k[m] = _mm512_castps256_ps512(_mm256_mul_ps(sc, _mm256_loadu_ps(dx + m * B + sb * 8))); \
+            for (int m = 0; m < MR; m++) {                                                                         \
+                const __m512 x_ = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(dx + m * B + sb * 8)), \
+                                                     _mm256_loadu_ps(xsum + m * B + sb * 8), 1);                   \
+                k[m] = _mm512_mul_ps(sc, x_);                                                                      \
+                macc[m] = _mm512_mask3_fmadd_ps(sc, x_, macc[m], 0xFF00);                                          \
+            }                                                                                                      \
             for (int h = 0; h < 2; h++) {                                                                          \
                 __m512i w0, w1;                                                                                    \
                 k_quant_halves(b, QS, FIFTH, h, &w0, &w1);                                                         \
                 VNNI_PAIR_SCALED(w0, two_lanes(k[m], 4 * h, 4 * h + 2), sb * 8 + 4 * h, -1)                        \
-                VNNI_PAIR_SCALED(w1, two_lanes(k[m], 4 * h + 1, 4 * h + 3), sb * 8 + 4 * h + 2, -1)                \
+                VNNI_PAIR_INTO(acc_b, w1, two_lanes(k[m], 4 * h + 1, 4 * h + 3), sb * 8 + 4 * h + 2, -1)          \
             }                                                                                                      \
-            for (int m = 0; m < MR; m++) macc[m] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + m * B + sb * 8), macc[m]); \
         }                                                                                                          \
-        for (int m = 0; m < MR; m++) tail[m] = -hsum(macc[m]);                                                     \
+        VNNI_SECOND_ACC_END                                                                                        \
+        for (int m = 0; m < MR; m++) tail[m] = -hsum(_mm512_extractf32x8_ps(macc[m], 1));                         \
         VNNI_ROW_END                                                                                               \
     }
 DEFINE_VNNI_ROW_K(ggml_row_vnni_q4_k, 144, 16, 0)
@@ -802,6 +832,7 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
     __m512 zero_terms[8]; /* the zero point's: per 16 weights, its scale x the activations' sum (xsum16) */
     for (int m = 0; m < MR; m++) zero_terms[m] = _mm512_setzero_ps();
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    VNNI_SECOND_ACC
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 210;
         PREFETCH_SUPER(b, 210);
@@ -817,10 +848,11 @@ VNNI_ROW(ggml_row_vnni_q6_k) {
             const int64_t c = sb * 8 + 4 * h;
             const __m512i at0 = _mm512_add_epi32(spread, _mm512_set1_epi32(8 * h)), at1 = _mm512_add_epi32(at0, _mm512_set1_epi32(4));
             VNNI_PAIR_SCALED(w0, _mm512_permutexvar_ps(at0, k[m]), c, -1)
-            VNNI_PAIR_SCALED(w1, _mm512_permutexvar_ps(at1, k[m]), c + 2, -1)
+            VNNI_PAIR_INTO(acc_b, w1, _mm512_permutexvar_ps(at1, k[m]), c + 2, -1)
         }
         for (int m = 0; m < MR; m++) zero_terms[m] = _mm512_fmadd_ps(s16, _mm512_loadu_ps(xsum + m * G + sb * 16), zero_terms[m]);
     }
+    VNNI_SECOND_ACC_END
     for (int m = 0; m < MR; m++) tail[m] = -32.0f * _mm512_reduce_add_ps(zero_terms[m]);
     VNNI_ROW_END
 }
@@ -835,6 +867,7 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
     (void)xsum;
     VNNI_ROW_BEGIN
     const __m512i book = codebook(IQ4_U8);
+    VNNI_SECOND_ACC
     for (int64_t sb = k0 / QK_K; sb < k1 / QK_K; sb++) {
         const uint8_t *b = row + sb * 136;
         PREFETCH_SUPER(b, 136);
@@ -852,9 +885,10 @@ VNNI_ROW(ggml_row_vnni_iq4_xs) {
             nibble_halves(b + 8 + 64 * h, &w0, &w1);
             w0 = _mm512_shuffle_epi8(book, w0), w1 = _mm512_shuffle_epi8(book, w1);
             VNNI_PAIR_SCALED(w0, four_lanes(k[m], 4 * h), sb * 8 + 4 * h, 7)
-            VNNI_PAIR_SCALED(w1, four_lanes(k[m], 4 * h), sb * 8 + 4 * h + 2, 7)
+            VNNI_PAIR_INTO(acc_b, w1, four_lanes(k[m], 4 * h), sb * 8 + 4 * h + 2, 7)
         }
     }
+    VNNI_SECOND_ACC_END
     VNNI_ROW_END
 }
 
