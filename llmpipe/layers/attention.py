@@ -87,15 +87,15 @@ def _attend(q: torch.Tensor, kv_cache: KVLayer, meta: AttentionMetadata, scale: 
             sinks: torch.Tensor | None) -> torch.Tensor:
     if not meta.prefills:
         return decode_attention(q, kv_cache, meta, scale, window, sinks)
-    pieces = [(slice(0, meta.num_decodes), None)] if meta.num_decodes else []
-    pieces += [(slice(chunk.token_start, chunk.token_end), chunk) for chunk in meta.prefills]
 
-    def attend(rows: slice, chunk: PrefillChunk | None) -> torch.Tensor:
-        if chunk is None:
-            return decode_attention(q[rows], kv_cache, meta, scale, window, sinks)
-        return prefill_attention(q[rows], kv_cache, chunk, scale, window, sinks)
+    def parts():  # the decode rows first, then each prefill chunk's, one at a time
+        if meta.num_decodes:
+            yield slice(0, meta.num_decodes), decode_attention(q[: meta.num_decodes], kv_cache, meta, scale, window, sinks)
+        for chunk in meta.prefills:
+            rows = slice(chunk.token_start, chunk.token_end)
+            yield rows, prefill_attention(q[rows], kv_cache, chunk, scale, window, sinks)
 
-    return stack_rows(q.shape[0], ((rows, attend(rows, chunk)) for rows, chunk in pieces))
+    return stack_rows(q.shape[0], parts())
 
 
 def decode_attention(
