@@ -96,14 +96,15 @@ def test_batches_give_the_dequantized_weights_product(qtype):
 def test_panels_in_groups_and_pairs_give_the_dequantized_weights_product(qtype, threads):
     """On VNNI without AMX a batch meets panels of eight weight rows, two a 512-bit step, four packed at a time
     (csrc ggml_panels_vnni): 75 weight rows are two whole groups, a group of three panels whose last pairs with
-    itself, and three rows short of a panel (at two threads each thread's share of them); 16 and 21 activation rows
-    are two passes of eight and a partial one."""
+    itself, and three rows short of a panel (at two threads each thread's share of them); 8 activation rows are the
+    fewest that take them at 15 bits (12 at int8: the rows below), 16 and 21 two passes of eight and a partial one.
+    The K-quants' panels are packed straight from the file's bytes (csrc k_panel_pack, q6_k_panel_pack)."""
     cols = 2 * block_weights(qtype) if block_weights(qtype) == 256 else 11 * 32
     raw = random_blocks(qtype, 75, cols, 5)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for rows in (16, 21):
+        for rows in (8, 12, 16, 21):
             check(qtype, raw, torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows)))
     finally:
         torch.set_num_threads(previous)

@@ -197,15 +197,16 @@ static inline __m128i k_scale_bytes(const uint8_t *q) {
 /* Q6_K's half h of a super-block (128 weights) as four blocks of 32 unsigned codes u (0..63; the weight's code is
  * u - 32): 64 bytes of low nibbles (A, B) and 32 of high pairs (H) make A & 15 | H0 << 4, B & 15 | H1 << 4,
  * A >> 4 | H2 << 4, B >> 4 | H3 << 4, 32 weights of each quarter at a time (the AVX2 rows' quads, ggml_unpack). */
-static inline void q6_k_quarters(const uint8_t *b, int h, __m256i *u) {
+static inline void q6_k_quarters_of(__m256i a, __m256i c, __m256i hi, __m256i *u) {
     const __m256i low = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
-    const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h)),
-                  c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
-                  hi = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
     u[0] = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(hi, 4), two));
     u[1] = _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(hi, 2), two));
     u[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hi, two));
     u[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(hi, 2), two));
+}
+static inline void q6_k_quarters(const uint8_t *b, int h, __m256i *u) {
+    q6_k_quarters_of(_mm256_loadu_si256((const __m256i *)(b + 64 * h)), _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32)),
+                     _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h)), u);
 }
 
 /* ---- AVX2: four blocks of 32 at a time, straight from the file's bytes ---------------------------- */
@@ -1087,10 +1088,111 @@ static inline void transpose8_epi32(__m256i *v) {
         v[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20), v[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
 }
 
+/* Rows a panel pack prefetches ahead of the ones it packs: the next group of panels that a batch's passes meet
+ * together (ggml_panels_vnni), so that the file's bytes arrive while this group's dot products run. */
+#define PANEL_PACK_AHEAD 32
+static inline void prefetch_bytes(const uint8_t *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
+}
+
+/* transpose8_epi32 of eight rows of floats. */
+static inline void transpose8_ps(__m256 *v) { transpose8_epi32((__m256i *)v); }
+
+/* ggml_panel_pack for Q4_K / Q5_K, straight from the file's bytes: each 32-byte run of nibbles (a sub-block's low
+ * nibbles and the next one's high) of the eight rows is transposed by dwords once, which puts both sub-blocks'
+ * steps in place; Q5_K's fifth bits, transposed the same way, sit at the same byte positions. No row's codes go
+ * through memory in between (ggml_unpack's way: a transpose per sub-block, from a buffer). */
+static void k_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
+                         float *mins) {
+    const int q5 = t == GGML_Q5_K;
+    const int64_t S = ggml_block_bytes(t);
+    const __m256i low = _mm256_set1_epi8(0x0F), four = _mm256_set1_epi8(16);
+    for (int64_t blk = 0; blk < K / QK_K; blk++) {
+        __m256 sc[GGML_PANEL_ROWS], mn[GGML_PANEL_ROWS]; /* row r's eight sub-blocks, then (transposed) sub-block i's rows */
+        __m256i fifth[GGML_PANEL_ROWS];
+        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+            const uint8_t *b = rows + r * row_bytes + blk * S;
+            prefetch_bytes(b + PANEL_PACK_AHEAD * row_bytes, S);
+            K_SCALES
+            sc[r] = sc8, mn[r] = mn8;
+            if (q5) fifth[r] = _mm256_loadu_si256((const __m256i *)(b + 16));
+        }
+        transpose8_ps(sc), transpose8_ps(mn);
+        if (q5) transpose8_epi32(fifth);
+        for (int j = 0; j < 4; j++) {
+            __m256i v[GGML_PANEL_ROWS];
+            for (int r = 0; r < GGML_PANEL_ROWS; r++)
+                v[r] = _mm256_loadu_si256((const __m256i *)(rows + r * row_bytes + blk * S + (q5 ? 48 : 16) + 32 * j));
+            transpose8_epi32(v);
+            int8_t *c0 = codes + (blk * 8 + 2 * j) * 256, *c1 = c0 + 256;
+            for (int step = 0; step < 8; step++) {
+                __m256i u0 = _mm256_and_si256(v[step], low), u1 = _mm256_and_si256(_mm256_srli_epi16(v[step], 4), low);
+                if (q5) { /* sub-block p's bit p of each byte moved to bit 4, as k_quad_codes */
+                    const __m256i f = fifth[step];
+                    const int p = 2 * j;
+                    u0 = _mm256_or_si256(u0, _mm256_and_si256(p <= 4 ? _mm256_slli_epi16(f, 4 - p) : _mm256_srli_epi16(f, p - 4), four));
+                    u1 = _mm256_or_si256(u1, _mm256_and_si256(p + 1 <= 4 ? _mm256_slli_epi16(f, 3 - p) : _mm256_srli_epi16(f, p - 3), four));
+                }
+                _mm256_storeu_si256((__m256i *)(c0 + step * 32), u0), _mm256_storeu_si256((__m256i *)(c1 + step * 32), u1);
+            }
+        }
+        for (int i = 0; i < 8; i++) { /* sc[r][i] → s16 (twice) and mn[r][i] → mins, sub-block i's eight rows in one */
+            const int64_t b = blk * 8 + i;
+            _mm256_storeu_ps(s16 + (2 * b) * 8, sc[i]), _mm256_storeu_ps(s16 + (2 * b + 1) * 8, sc[i]);
+            _mm256_storeu_ps(mins + b * 8, mn[i]);
+        }
+    }
+}
+
+/* ggml_panel_pack for Q6_K, as k_panel_pack: a half's two runs of low bits and its run of high bits, each transposed
+ * once for the eight rows, give its four sub-blocks' steps (q6_k_quarters_of at the same byte positions). */
+static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16, float *mins) {
+    const int64_t S = ggml_block_bytes(GGML_Q6_K);
+    for (int64_t blk = 0; blk < K / QK_K; blk++) {
+        for (int h = 0; h < 2; h++) {
+            __m256i a[GGML_PANEL_ROWS], c[GGML_PANEL_ROWS], hi[GGML_PANEL_ROWS];
+            for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+                const uint8_t *b = rows + r * row_bytes + blk * S;
+                a[r] = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                c[r] = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                hi[r] = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+            }
+            transpose8_epi32(a), transpose8_epi32(c), transpose8_epi32(hi);
+            for (int step = 0; step < 8; step++) {
+                __m256i u[4];
+                q6_k_quarters_of(a[step], c[step], hi[step], u);
+                for (int p = 0; p < 4; p++)
+                    _mm256_storeu_si256((__m256i *)(codes + (blk * 8 + 4 * h + p) * 256 + step * 32),
+                                        _mm256_sub_epi8(u[p], _mm256_set1_epi8(32)));
+            }
+        }
+        __m256 s[2][GGML_PANEL_ROWS]; /* row r's scales 0-7 and 8-15 (d x its sixteen bytes), then transposed */
+        for (int r = 0; r < GGML_PANEL_ROWS; r++) {
+            const uint8_t *b = rows + r * row_bytes + blk * S;
+            prefetch_bytes(b + PANEL_PACK_AHEAD * row_bytes, S);
+            const __m256 d = _mm256_set1_ps(f16_at(b + 208));
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 192));
+            s[0][r] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
+            s[1][r] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8))));
+        }
+        transpose8_ps(s[0]), transpose8_ps(s[1]);
+        for (int k = 0; k < 16; k++) _mm256_storeu_ps(s16 + (blk * 16 + k) * 8, s[k / 8][k % 8]);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(mins + (blk * 8 + i) * 8, _mm256_setzero_ps());
+    }
+}
+
 /* Panel for weight rows [n, n + 8) of K weights: codes [K / 32][8 steps][8 rows][4], scales s16 [K / 16][8 rows]
  * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows] (Q2_K: [K / 16][8 rows]). */
 static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
                             float *mins) {
+    if (t == GGML_Q4_K || t == GGML_Q5_K) {
+        k_panel_pack(t, rows, row_bytes, K, codes, s16, mins);
+        return;
+    }
+    if (t == GGML_Q6_K) {
+        q6_k_panel_pack(rows, row_bytes, K, codes, s16, mins);
+        return;
+    }
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t);
     int8_t c[GGML_PANEL_ROWS][QK_K];
     float s[GGML_PANEL_ROWS][16], m[GGML_PANEL_ROWS][16];
@@ -1223,32 +1325,35 @@ VNNI static inline __attribute__((always_inline)) void ggml_panel_pair_vnni(
                                              _mm256_loadu_si256((const __m256i *)(p1)), 1)
 #define PAIR16F(p0, p1) _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(p0)), _mm256_loadu_ps(p1), 1)
     for (int64_t b = 0; b < B; b++) {
+        const int8_t *xb = xt + b * MR * PL * BLOCK; /* row m's plane pl: xb + (m * PL + pl) * BLOCK */
         for (int h = 0; h < (HALF ? 2 : 1); h++) {
-            __m512i hi[8], low[8];
-            for (int m = 0; m < MR; m++) hi[m] = low[m] = _mm512_setzero_si512();
-            for (int step = HALF ? 4 * h : 0; step < (HALF ? 4 * h + 4 : 8); step++) {
-                const __m512i w = PAIR16(codes0 + b * 256 + step * 32, codes1 + b * 256 + step * 32);
-                for (int m = 0; m < MR; m++) {
-                    const int8_t *xm = xt + ((b * MR + m) * PL) * BLOCK + 4 * step;
-                    const __m512i x = _mm512_set1_epi32(*(const int32_t *)xm);
-                    hi[m] = SIGNED ? _mm512_dpbusd_epi32(hi[m], x, w) : _mm512_dpbusd_epi32(hi[m], w, x);
-                    if (PL == 2) { /* the low plane's codes are unsigned */
-                        const __m512i xl = _mm512_set1_epi32(*(const int32_t *)(xm + BLOCK));
-                        low[m] = SIGNED ? _mm512_dpbusd_epi32(low[m], xl, w) : _mm512_dpbusd_epi32(low[m], w, xl);
-                    }
-                }
-            }
-            const __m512 ws = PAIR16F(s16_0 + (2 * b + h) * 8, s16_1 + (2 * b + h) * 8);
+            const int STEPS = HALF ? 4 : 8;
+            const int s0 = HALF ? 4 * h : 0;
+            __m512i w[8], d[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < STEPS; j++) w[j] = PAIR16(codes0 + b * 256 + (s0 + j) * 32, codes1 + b * 256 + (s0 + j) * 32);
             __m512i off = _mm512_setzero_si512(); /* 128 x the codes' sum: the unsigned high plane's excess */
             if (SIGNED) {
                 off = PAIR16(sums0 + (2 * b + h) * 8, sums1 + (2 * b + h) * 8);
                 if (!HALF) off = _mm512_add_epi32(off, PAIR16(sums0 + (2 * b + 1) * 8, sums1 + (2 * b + 1) * 8));
                 off = _mm512_slli_epi32(off, 7);
             }
+            /* One sum a row: the high (or only) plane's products, then, for 15-bit activations, that sum x 2^7 and the
+             * low plane's products on top (the codes held in registers for both). */
+            for (int pl = 0; pl < PL; pl++) {
+                for (int m = 0; m < MR; m++)
+                    d[m] = pl == 0 ? _mm512_setzero_si512() : _mm512_slli_epi32(SIGNED ? _mm512_sub_epi32(d[m], off) : d[m], 7);
+#pragma GCC unroll 8
+                for (int j = 0; j < STEPS; j++)
+                    for (int m = 0; m < MR; m++) {
+                        const __m512i x = _mm512_set1_epi32(*(const int32_t *)(xb + (m * PL + pl) * BLOCK + 4 * (s0 + j)));
+                        d[m] = SIGNED ? _mm512_dpbusd_epi32(d[m], x, w[j]) : _mm512_dpbusd_epi32(d[m], w[j], x);
+                    }
+            }
+            const __m512 ws = PAIR16F(s16_0 + (2 * b + h) * 8, s16_1 + (2 * b + h) * 8);
             for (int m = 0; m < MR; m++) {
-                __m512i d = SIGNED ? _mm512_sub_epi32(hi[m], off) : hi[m];
-                if (PL == 2) d = _mm512_add_epi32(_mm512_slli_epi32(d, 7), low[m]);
-                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(ws, _mm512_set1_ps(dx[m * B + b])), acc[m]);
+                const __m512i dm = SIGNED && PL == 1 ? _mm512_sub_epi32(d[m], off) : d[m];
+                acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dm), _mm512_mul_ps(ws, _mm512_set1_ps(dx[m * B + b])), acc[m]);
             }
         }
         if (MIN) {
@@ -1347,10 +1452,10 @@ VNNI static void ggml_panels_vnni(int64_t type, const uint8_t *blocks, int64_t n
         free(sums16);
     }
 }
-/* From 16 activation rows (Zen 4, 15-bit activations, GOP/s rows / panels at 16 rows: Q4_K ffn_up 97-111 / 117-145,
- * Q6_K ffn_down 67-70 / 84-107). */
-#define VNNI_PANEL_MIN_ROWS 16
-static inline int ggml_vnni_panels_pay(int64_t M) { return M >= VNNI_PANEL_MIN_ROWS; }
+/* From 8 activation rows at 15 bits, 12 at int8: where a whole 1B-shaped model's matrices (Llama-3.2-1B Q4_K_M, from
+ * memory) took less time as panels than as rows (Xeon without AMX, ms rows / panels: 15-bit 151 / 127 at 8 rows,
+ * 103 / 113 at 6; int8 97 / 102 at 8, 149 / 127 at 12). */
+static inline int ggml_vnni_panels_pay(int64_t M, int planes) { return M >= (planes == 2 ? 8 : 12); }
 
 /* ---- F16 / BF16: the file's floats against the float activations --------------------------------- */
 
@@ -1489,7 +1594,7 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
         ggml_float_slice(type, blocks, n0, n1, a->x, M, a->K, y, ld);
         return;
     }
-    (vnni && ggml_wide_isas(type) ? (ggml_vnni_panels_pay(M) ? ggml_panels_vnni : ggml_slice_vnni)
+    (vnni && ggml_wide_isas(type) ? (ggml_vnni_panels_pay(M, a->planes) ? ggml_panels_vnni : ggml_slice_vnni)
      : ggml_panels_pay(type, M)    ? ggml_panels_avx2
                                    : ggml_slice_avx2)(type, blocks, n0, n1, a, M, y, ld);
 }
@@ -1498,5 +1603,5 @@ static inline void ggml_slice(int vnni, int64_t type, const uint8_t *blocks, int
  * Q6_K's VNNI rows (its zero point's term; ggml_panels_vnni makes them for its last rows). */
 static inline int ggml_slice_reads_sums16(int vnni, int64_t type, int64_t M, int planes) {
     if (!ggml_sums16(type) || ggml_floats_pay(vnni, type, M, planes)) return 0;
-    return !(vnni && ggml_wide_isas(type)) || (type == GGML_Q6_K && !ggml_vnni_panels_pay(M));
+    return !(vnni && ggml_wide_isas(type)) || (type == GGML_Q6_K && !ggml_vnni_panels_pay(M, planes));
 }
