@@ -409,6 +409,13 @@ static inline __m128 half_of(__m256 v, int h) { return h ? _mm256_extractf128_ps
     const __m256 mn8 = _mm256_mul_ps(_mm256_set1_ps(f16_at(b + 2)),                                                \
                                      _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(packed_, 8))));
 
+/* Q5_K: sub-block p's fifth bits (bit p of each byte of `bits`) as bit 4 of each byte: within the byte for shifts
+ * of at most 4 left, 3 right. */
+static inline __m256i q5_k_fifth(__m256i bits, int p) {
+    const __m256i moved = p <= 4 ? _mm256_slli_epi16(bits, 4 - p) : _mm256_srli_epi16(bits, p - 4);
+    return _mm256_and_si256(moved, _mm256_set1_epi8(16));
+}
+
 /* Q4_K / Q5_K: sub-blocks 4h .. 4h + 3 as unsigned codes u, the low and high nibbles of 32 bytes each at qs + 64h
  * (+ 32); Q5_K's fifth bits (fifth != NULL): bit 4h + i of its 32 bytes for sub-block 4h + i. */
 static inline __attribute__((always_inline)) void k_quad_codes(const uint8_t *qs, const uint8_t *fifth, int h, __m256i *u) {
@@ -417,13 +424,9 @@ static inline __attribute__((always_inline)) void k_quad_codes(const uint8_t *qs
         const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * h + 32 * j));
         u[2 * j] = _mm256_and_si256(v, low), u[2 * j + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
     }
-    if (fifth) { /* bit p of each byte shifted to bit 4: within the byte for shifts of at most 4 left, 3 right */
-        const __m256i bits = _mm256_loadu_si256((const __m256i *)fifth), four = _mm256_set1_epi8(16);
-        for (int i = 0; i < 4; i++) {
-            const int p = 4 * h + i;
-            const __m256i moved = p <= 4 ? _mm256_slli_epi16(bits, 4 - p) : _mm256_srli_epi16(bits, p - 4);
-            u[i] = _mm256_or_si256(u[i], _mm256_and_si256(moved, four));
-        }
+    if (fifth) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)fifth);
+        for (int i = 0; i < 4; i++) u[i] = _mm256_or_si256(u[i], q5_k_fifth(bits, 4 * h + i));
     }
 }
 
@@ -1091,9 +1094,6 @@ static inline void transpose8_epi32(__m256i *v) {
 /* Rows a panel pack prefetches ahead of the ones it packs: the next group of panels that a batch's passes meet
  * together (ggml_panels_vnni), so that the file's bytes arrive while this group's dot products run. */
 #define PANEL_PACK_AHEAD 32
-static inline void prefetch_bytes(const uint8_t *p, int64_t n) {
-    for (int64_t i = 0; i < n; i += 64) _mm_prefetch((const char *)p + i, _MM_HINT_T0);
-}
 
 /* transpose8_epi32 of eight rows of floats. */
 static inline void transpose8_ps(__m256 *v) { transpose8_epi32((__m256i *)v); }
@@ -1106,13 +1106,14 @@ static void k_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int6
                          float *mins) {
     const int q5 = t == GGML_Q5_K;
     const int64_t S = ggml_block_bytes(t);
-    const __m256i low = _mm256_set1_epi8(0x0F), four = _mm256_set1_epi8(16);
+    const int64_t ahead = PANEL_PACK_AHEAD * row_bytes; /* PREFETCH_SUPER's distance */
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int64_t blk = 0; blk < K / QK_K; blk++) {
         __m256 sc[GGML_PANEL_ROWS], mn[GGML_PANEL_ROWS]; /* row r's eight sub-blocks, then (transposed) sub-block i's rows */
         __m256i fifth[GGML_PANEL_ROWS];
         for (int r = 0; r < GGML_PANEL_ROWS; r++) {
             const uint8_t *b = rows + r * row_bytes + blk * S;
-            prefetch_bytes(b + PANEL_PACK_AHEAD * row_bytes, S);
+            PREFETCH_SUPER(b, S);
             K_SCALES
             sc[r] = sc8, mn[r] = mn8;
             if (q5) fifth[r] = _mm256_loadu_si256((const __m256i *)(b + 16));
@@ -1127,12 +1128,9 @@ static void k_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int6
             int8_t *c0 = codes + (blk * 8 + 2 * j) * 256, *c1 = c0 + 256;
             for (int step = 0; step < 8; step++) {
                 __m256i u0 = _mm256_and_si256(v[step], low), u1 = _mm256_and_si256(_mm256_srli_epi16(v[step], 4), low);
-                if (q5) { /* sub-block p's bit p of each byte moved to bit 4, as k_quad_codes */
-                    const __m256i f = fifth[step];
-                    const int p = 2 * j;
-                    u0 = _mm256_or_si256(u0, _mm256_and_si256(p <= 4 ? _mm256_slli_epi16(f, 4 - p) : _mm256_srli_epi16(f, p - 4), four));
-                    u1 = _mm256_or_si256(u1, _mm256_and_si256(p + 1 <= 4 ? _mm256_slli_epi16(f, 3 - p) : _mm256_srli_epi16(f, p - 3), four));
-                }
+                if (q5)
+                    u0 = _mm256_or_si256(u0, q5_k_fifth(fifth[step], 2 * j)),
+                    u1 = _mm256_or_si256(u1, q5_k_fifth(fifth[step], 2 * j + 1));
                 _mm256_storeu_si256((__m256i *)(c0 + step * 32), u0), _mm256_storeu_si256((__m256i *)(c1 + step * 32), u1);
             }
         }
@@ -1147,7 +1145,7 @@ static void k_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int6
 /* ggml_panel_pack for Q6_K, as k_panel_pack: a half's two runs of low bits and its run of high bits, each transposed
  * once for the eight rows, give its four sub-blocks' steps (q6_k_quarters_of at the same byte positions). */
 static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16, float *mins) {
-    const int64_t S = ggml_block_bytes(GGML_Q6_K);
+    const int64_t S = ggml_block_bytes(GGML_Q6_K), ahead = PANEL_PACK_AHEAD * row_bytes; /* PREFETCH_SUPER's */
     for (int64_t blk = 0; blk < K / QK_K; blk++) {
         for (int h = 0; h < 2; h++) {
             __m256i a[GGML_PANEL_ROWS], c[GGML_PANEL_ROWS], hi[GGML_PANEL_ROWS];
@@ -1169,7 +1167,7 @@ static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, i
         __m256 s[2][GGML_PANEL_ROWS]; /* row r's scales 0-7 and 8-15 (d x its sixteen bytes), then transposed */
         for (int r = 0; r < GGML_PANEL_ROWS; r++) {
             const uint8_t *b = rows + r * row_bytes + blk * S;
-            prefetch_bytes(b + PANEL_PACK_AHEAD * row_bytes, S);
+            PREFETCH_SUPER(b, S);
             const __m256 d = _mm256_set1_ps(f16_at(b + 208));
             const __m128i bytes = _mm_loadu_si128((const __m128i *)(b + 192));
             s[0][r] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)));
