@@ -95,8 +95,8 @@ class LlamaMLP(nn.Module):
         return stack_rows(x.shape[0], ((rows, self.gated(x[rows])) for rows in row_slices(x.shape[0], MLP_CHUNK_ROWS)))
 
     def gated(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(self.glu(gate, up))
+        product = self.glu(*self.gate_up_proj(x).chunk(2, dim=-1))  # gate_up's output freed before down runs
+        return self.down_proj(product)
 
     def glu(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         """The gated unit between the two projections: act(gate) · up."""
