@@ -1143,8 +1143,9 @@ static void k_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int6
 }
 
 /* ggml_panel_pack for Q6_K, as k_panel_pack: a half's two runs of low bits and its run of high bits, each transposed
- * once for the eight rows, give its four sub-blocks' steps (q6_k_quarters_of at the same byte positions). */
-static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16, float *mins) {
+ * once for the eight rows, give its four sub-blocks' steps (q6_k_quarters_of at the same byte positions). No mins:
+ * a signed type's panels never read them. */
+static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16) {
     const int64_t S = ggml_block_bytes(GGML_Q6_K), ahead = PANEL_PACK_AHEAD * row_bytes; /* PREFETCH_SUPER's */
     for (int64_t blk = 0; blk < K / QK_K; blk++) {
         for (int h = 0; h < 2; h++) {
@@ -1175,12 +1176,12 @@ static void q6_k_panel_pack(const uint8_t *rows, int64_t row_bytes, int64_t K, i
         }
         transpose8_ps(s[0]), transpose8_ps(s[1]);
         for (int k = 0; k < 16; k++) _mm256_storeu_ps(s16 + (blk * 16 + k) * 8, s[k / 8][k % 8]);
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(mins + (blk * 8 + i) * 8, _mm256_setzero_ps());
     }
 }
 
 /* Panel for weight rows [n, n + 8) of K weights: codes [K / 32][8 steps][8 rows][4], scales s16 [K / 16][8 rows]
- * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows] (Q2_K: [K / 16][8 rows]). */
+ * (ggml_unpack's, one per sixteen weights), mins [K / 32][8 rows] (Q2_K: [K / 16][8 rows]; read for the min types
+ * alone). */
 static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, int64_t K, int8_t *codes, float *s16,
                             float *mins) {
     if (t == GGML_Q4_K || t == GGML_Q5_K) {
@@ -1188,7 +1189,7 @@ static void ggml_panel_pack(int64_t t, const uint8_t *rows, int64_t row_bytes, i
         return;
     }
     if (t == GGML_Q6_K) {
-        q6_k_panel_pack(rows, row_bytes, K, codes, s16, mins);
+        q6_k_panel_pack(rows, row_bytes, K, codes, s16);
         return;
     }
     const int64_t W = ggml_block_weights(t), S = ggml_block_bytes(t);
