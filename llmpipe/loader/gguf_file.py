@@ -57,15 +57,18 @@ class _FastGGUFReader(GGUFReader):
             strings.append(buffer[start:offs])
         return offs - orig_offs, [item_type, count, *strings], list(range(2, n + 2)), [GGUFValueType.ARRAY, gtype]
 
-    def populate_pages(self, tensor: ReaderTensor) -> None:
+    def populate_pages(self, tensor: ReaderTensor, mapped: bool = True) -> None:
         """Map a tensor's pages now, read from the file where the page cache does not have them
         (MADV_POPULATE_READ; where the kernel lacks it, MADV_WILLNEED starts the reads), so a weight kept
-        as its view of the mapping faults nothing in the first step, as llama.cpp's prefetched mmap."""
+        as its view of the mapping faults nothing in the first step, as llama.cpp's prefetched mmap.
+        mapped=False only starts the reads into the page cache (MADV_WILLNEED): for a tensor read a few rows
+        at a time, whose pages then join this process's RSS as their rows are first read, and the rest never."""
         if self.mapping is None:
             return
         start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
         end = min(tensor.data_offset + tensor.n_bytes, len(self.mapping))
-        for advice in (getattr(mmap, "MADV_POPULATE_READ", 22), getattr(mmap, "MADV_WILLNEED", None)):
+        advices = (getattr(mmap, "MADV_POPULATE_READ", 22),) * mapped + (getattr(mmap, "MADV_WILLNEED", None),)
+        for advice in advices:
             try:
                 if advice is not None and end > start:
                     self.mapping.madvise(advice, start, end - start)

@@ -14,6 +14,7 @@ from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.gguf_file import tensor_shape
 from llmpipe.loader.gguf_names import FUSED_EXPERTS, GGUFArchitecture, converter_fusions, pattern_of, unpermute_rows
 from llmpipe.loader.gguf_quants import SUPPORTED_TYPES, dequantize
+from llmpipe.models.weights import EMBED
 from llmpipe.quant.apply import GGML_FORMAT
 from llmpipe.quant.formats import GGMLWeight
 
@@ -39,6 +40,8 @@ class GGUFWeights:
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         self._values: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # HF name → arch.values' function
+        # An untied embedding is only looked up, a row a token: its pages are not mapped ahead (populate_pages).
+        self._looked_up = not config.tie_word_embeddings
         for tensor in split_fused(reader.tensors, arch, config):
             expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) > 1 else None
             if expert_names is not None:
@@ -92,14 +95,15 @@ class GGUFWeights:
 
     def read_quantized(self, name: str) -> GGMLWeight:
         """A tensor of a NATIVE_FORMATS type as its blocks (`native_weight`): the file's mapping itself, its pages
-        read in now (`populate_pages`), unless rows had to be unpermuted."""
+        read in now (`populate_pages`; an untied embedding's only into the page cache, its rows mapped as tokens
+        look them up), unless rows had to be unpermuted."""
         qtype, rows = self.raw_blocks(name)
         weight = native_weight(qtype, rows)
         if name not in self._heads:
             self._in_place.add(name)
             populate = getattr(self._reader, "populate_pages", None)
             if populate is not None:
-                populate(self._tensors[name])
+                populate(self._tensors[name], mapped=not (self._looked_up and name == EMBED))
         return weight
 
     def raw_blocks(self, name: str) -> tuple[GGMLQuantizationType, torch.Tensor]:

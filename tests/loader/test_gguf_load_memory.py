@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as Q
 from llmpipe import LLM
 from llmpipe.loader import gguf_quants, load_checkpoint
 from llmpipe.loader.gguf_weights import NATIVE_FORMATS
+from llmpipe.models.weights import EMBED
 from llmpipe.quant import formats, linear
 from llmpipe.quant.linear import GGMLLinear, Int4Linear
 from llmpipe.quant.rtn import quantize_int4
@@ -115,3 +116,51 @@ def test_blocks_kept_as_the_files_bytes_are_views_of_the_mapping_read_in_and_nev
         advice = {a for a, start, length in recording.calls
                   if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
         assert (mmap.MADV_DONTNEED in advice) == (name not in kept), name
+
+
+def _advice_on(recording: RecordingMap, info) -> set[int]:
+    return {a for a, start, length in recording.calls
+            if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
+
+
+def _kept_embedding_advice(path: str) -> tuple[set[int], set[int]]:
+    """(the madvise calls on the embedding's bytes, those on a layer's kept blocks) while the model's plan is read."""
+    checkpoint = load_checkpoint(path)
+    source = checkpoint.source
+    recording = source._reader.mapping = RecordingMap(source._reader.mapping)
+    weights = dict(checkpoint.iter_weights(plan=checkpoint.quant_plan("auto", 128)))
+    assert isinstance(weights[EMBED], formats.GGMLWeight)
+    layer = next(name for name in weights if ".layers." in name and name not in source._heads
+                 and isinstance(weights[name], formats.GGMLWeight))
+    return _advice_on(recording, source._tensors[EMBED]), _advice_on(recording, source._tensors[layer])
+
+
+POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_WILLNEED"), reason="no madvise(MADV_WILLNEED) here")
+def test_an_untied_embedding_is_read_into_the_page_cache_but_mapped_only_where_tokens_look_it_up(tiny_gguf):
+    """Only the rows tokens look up join the RSS (an 8B's untied 0.27 GiB of Q4_K, a gpt-oss's 0.57 GiB of Q8_0):
+    its pages are read ahead into the page cache (WILLNEED), never mapped ahead (POPULATE_READ) as a matrix's are."""
+    path = str(tiny_gguf("llama_gqa", UNIFORM | {EMBED: Q.Q8_0}))
+    assert not load_checkpoint(path).config.tie_word_embeddings
+    embedding, layer = _kept_embedding_advice(path)
+    assert embedding == {mmap.MADV_WILLNEED}
+    assert POPULATE_READ in layer or layer == {mmap.MADV_WILLNEED}  # a kernel before 5.14: WILLNEED alone
+
+
+def test_an_embedding_that_is_also_the_lm_head_is_mapped_ahead_as_every_matrix(smollm2_gguf):
+    """Tied, the embedding is the head every decode step streams whole: its pages are mapped at load."""
+    assert load_checkpoint(str(smollm2_gguf)).config.tie_word_embeddings
+    embedding, layer = _kept_embedding_advice(str(smollm2_gguf))
+    assert embedding == layer and embedding & {POPULATE_READ, mmap.MADV_WILLNEED}
+
+
+def test_an_untied_embedding_looked_up_from_its_unmapped_pages_gives_the_files_rows(tiny_gguf):
+    path = str(tiny_gguf("llama_gqa", UNIFORM | {EMBED: Q.Q8_0}))
+    checkpoint = load_checkpoint(path)
+    rows = gguf_quants.dequantize(torch.from_numpy(checkpoint.source._tensors[EMBED].data), Q.Q8_0,
+                                  tuple(checkpoint.source._tensors[EMBED].shape[::-1]))
+    embed = LLM(path, progress=False).engine.model.model.embed_tokens
+    ids = torch.tensor([0, 7, 3, 7, rows.shape[0] - 1])
+    assert torch.equal(embed(ids), rows[ids].to(torch.float32))
