@@ -158,7 +158,9 @@ class EngineConfig:
     max_num_blocks: int | None = option(None, "KV cache blocks (overrides --kv-cache-memory)")
     block_size: int = option(16, "tokens per KV cache block")
     max_num_seqs: int = option(128, "sequences running at once at most")
-    max_num_batched_tokens: int = option(2048, "tokens one step computes at most")
+    max_num_batched_tokens: int | None = option(
+        None, "tokens one step computes at most (default: 2048, halved down to 512 while a step's activations would "
+        "pass 192 MiB: 512 for a 7B-8B, as llama.cpp's n_ubatch; engine/step_size.py)")
     max_decode_stall: float | None = option(
         None, "keep a step with prefill chunks beside running decodes to about this many times a decode-only step "
         "of the running and waiting sequences (measured as it runs: engine/step_costs.py), so new prompts do not "

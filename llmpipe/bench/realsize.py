@@ -29,7 +29,7 @@ from typing import Any
 from llmpipe.bench import peers
 from llmpipe.bench.realsize_checkpoint import SHAPES, Shape, write_checkpoint
 from llmpipe.bench.report import write_json
-from llmpipe.config import ACTIVATION_QUANTIZATIONS, EngineConfig, parse_bytes
+from llmpipe.config import ACTIVATION_QUANTIZATIONS, parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,6 @@ REPETITIONS = 3  # llama-bench's default -r is 5; the best of 3 of each engine
 BATCH, BATCH_INPUT, BATCH_OUTPUT = 16, 128, 128
 GiB = 2**30
 DEFAULT_ACTIVATIONS = "auto"
-STEP_TOKENS = EngineConfig.max_num_batched_tokens  # llmpipe's step unless --max-num-batched-tokens says
 ACTIVATIONS = tuple(a for a in ACTIVATION_QUANTIZATIONS if a)  # float activations (None) are not on this table
 
 # llama.cpp's converter run with its source tree's packages and a fixed pre-tokenizer name (it
@@ -158,7 +157,7 @@ def run_measured(command: list[str], env: dict[str, str] | None = None) -> Finis
 
 def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str],
                   prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
-                  activations: str = DEFAULT_ACTIVATIONS, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:
+                  activations: str = DEFAULT_ACTIVATIONS, step_tokens: int | None = None) -> dict[str, Any]:
     """In a fresh process: load (load_memory's timing and RSS), then the latency and throughput
     benches' own measurements of batch-1 decode, prefill and a batch (steps of at most step_tokens)."""
     from llmpipe.bench import latency, load_memory, throughput
@@ -183,16 +182,18 @@ def llmpipe_child(path: str, kv_cache_memory: str, threads: int, skip: list[str]
         seconds, stats, _ = throughput.run_batched(llm, prompts, BATCH_OUTPUT)
         result["batched"] = throughput._rates(BATCH, BATCH_INPUT, BATCH_OUTPUT, seconds) | stats
     result["vm_hwm_end"] = load_memory.status_kib("VmHWM")["VmHWM"] * 1024
+    result["max_num_batched_tokens"] = llm.engine.config.max_num_batched_tokens  # the engine's, where not given
     return result
 
 
 def run_llmpipe(gguf: Path, kv_cache_memory: str, threads: int, skip: list[str],
                 prefill_tokens: int = PREFILL_TOKENS, repetitions: int = REPETITIONS,
-                activations: str = DEFAULT_ACTIVATIONS, step_tokens: int = STEP_TOKENS) -> dict[str, Any]:
+                activations: str = DEFAULT_ACTIVATIONS, step_tokens: int | None = None) -> dict[str, Any]:
     command = [sys.executable, "-m", "llmpipe.bench.realsize", "--child", str(gguf), "--kv-cache-memory",
                kv_cache_memory, "--threads", str(threads), "--prefill-tokens", str(prefill_tokens),
-               "--repetitions", str(repetitions), "--activations", activations,
-               "--max-num-batched-tokens", str(step_tokens), "--skip", *skip]
+               "--repetitions", str(repetitions), "--activations", activations, "--skip", *skip]
+    if step_tokens is not None:
+        command += ["--max-num-batched-tokens", str(step_tokens)]
     done = run_measured(command)
     if done.returncode != 0:
         return {"error": _tail(done.stderr)}
@@ -265,15 +266,16 @@ def bench_file(model: str, qtype: str, gguf: Path, args: Any, bandwidth: float) 
     return rows
 
 
-def predicted_peak_rss(gguf: Path, kv_cache_memory: str, step_tokens: int = STEP_TOKENS) -> int:
+def predicted_peak_rss(gguf: Path, kv_cache_memory: str, step: int | None = None) -> int:
     """`llmpipe memory`'s process peak for this file beside the run's KV pool (whole): the runtime, the weights as
-    the engine loads them and a step of step_tokens tokens' activations."""
-    from llmpipe.diagnose.memory import process_peak, step_bytes, weight_bytes  # the memory model: on use
+    the engine loads them and a step's activations (`step` tokens; None: the engine's default step)."""
+    from llmpipe.diagnose.memory import process_peak, weight_bytes  # the memory model: on use
+    from llmpipe.engine.step_size import step_bytes, step_tokens
     from llmpipe.loader import load_checkpoint
 
     checkpoint = load_checkpoint(str(gguf))
     weights = weight_bytes(checkpoint.config, "float32", "auto", stored=getattr(checkpoint.source, "stored_bytes", None))
-    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, step_tokens))
+    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, step_tokens(step, checkpoint.config)))
 
 
 def bytes_per_token(gguf: Path) -> int:
@@ -482,9 +484,9 @@ def add_arguments(parser: Any) -> None:
                         "own, blocks of int8 codes; auto: llmpipe's default)")
     parser.add_argument("--kv-cache-memory", default=None,
                         help="llmpipe's KV pool (default 1GiB; 256MiB for the 1B, 2GiB for a hybrid)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS,
-                        help=f"llmpipe's step (default {STEP_TOKENS}, the engine's; 512 is llama.cpp's n_ubatch: "
-                        "smaller steps, smaller transients)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None,
+                        help="llmpipe's step (default: the engine's for the model, engine/step_size.py; 512 is "
+                        "llama.cpp's n_ubatch: smaller steps, smaller transients)")
     parser.add_argument("--cache", default=str(CACHE), help="where the GGUFs are kept")
     parser.add_argument("--prepare-only", action="store_true", help="make the GGUFs, measure nothing")
     parser.add_argument("--keep-bf16", action="store_true", help="keep each model's bfloat16 GGUF (for more types later)")
@@ -506,7 +508,7 @@ if __name__ == "__main__":
     parser.add_argument("--prefill-tokens", type=int, default=PREFILL_TOKENS)
     parser.add_argument("--repetitions", type=int, default=REPETITIONS)
     parser.add_argument("--activations", default=DEFAULT_ACTIVATIONS)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parsed = parser.parse_args()
     print(json.dumps(llmpipe_child(parsed.child, parsed.kv_cache_memory, parsed.threads, parsed.skip,
                                    parsed.prefill_tokens, parsed.repetitions, parsed.activations,

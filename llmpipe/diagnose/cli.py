@@ -9,7 +9,8 @@ from llmpipe.config import DTYPES, INT4_GROUP_SIZES, KV_CACHE_DTYPES, parse_byte
 from llmpipe.diagnose.analysis import diagnose
 from llmpipe.diagnose.report import Diagnosis, Setup
 from llmpipe.diagnose.compressed_kv import NAMED_CONFIGS, plan_compressed_kv, read_config
-from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, STEP_TOKENS, plan_memory
+from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, plan_memory
+from llmpipe.engine.step_size import step_tokens
 from llmpipe.errors import InvalidRequestError, ModelLoadError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -46,8 +47,9 @@ def add_memory_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=1, help="concurrent sequences")
     p.add_argument("--memory", default=None, help="memory for weights + KV, e.g. 24GiB")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=STEP_TOKENS,
-                   help="tokens one step computes at most (its activations count in the process's peak)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens one step computes at most (its activations count in the process's peak; default: the "
+                   "engine's for the model)")
     p.add_argument("--json", default=None, metavar="FILE", help="also write the plan as JSON")
     p.set_defaults(func=cmd_memory)
 
@@ -106,7 +108,8 @@ def _planned_setup(model: str, args: argparse.Namespace) -> Setup | None:
     quantization = getattr(args, "quantization", None)
     plan = plan_memory(cfg, model, dtype=args.dtype, quantization=quantization if quantization in ("int8", "int4")
                        else None, kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
-    return Setup(cfg, args.dtype, plan.weights.resident, plan.kv_bytes_per_token)
+    return Setup(cfg, args.dtype, plan.weights.resident, plan.kv_bytes_per_token,
+                 max_num_batched_tokens=step_tokens(None, cfg))
 
 
 def cmd_memory(args: argparse.Namespace) -> None:

@@ -17,12 +17,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from llmpipe.config import DTYPES, EngineConfig, ModelConfig
+from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.diagnose.costs import expert_share, read_share
+from llmpipe.engine import step_size
+from llmpipe.engine.step_size import step_bytes
 from llmpipe.kv_cache.paged import kv_bytes_per_token
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.gpt_oss.config import GptOssFields, alternating_layer_types
-from llmpipe.models.llama.model import MLP_CHUNK_ROWS
 from llmpipe.models.qwen3_5.config import Qwen35Fields
 from llmpipe.models.qwen3_moe.config import Qwen3MoeFields
 from llmpipe.models.registry import family_of
@@ -74,16 +75,6 @@ NOMINAL_BYTES = {"int8": 1.0, "int4": 0.5}  # per parameter, without scales
 # Resident before a model loads: the interpreter, PyTorch, llmpipe and its kernels (VmRSS after importing
 # them and loading the kernels, CPU build of torch 2.13: 243 MiB), the tokenizer and the engine's buffers.
 RUNTIME_BYTES = 300 << 20
-STEP_TOKENS = EngineConfig.max_num_batched_tokens  # its default: the tokens one step computes at most
-
-
-def step_bytes(cfg: ModelConfig, tokens: int) -> int:
-    """A step's float32 activations at their peak: about eight [tokens, hidden] tensors alive at once (the
-    residual, the norm's output, q/k/v, attention's output and RoPE's temporaries: 66 KB a token measured on
-    Llama-3.2-1B, hidden 2,048), and the MLP's gate, up and product, 3 × intermediate floats a row for at most
-    MLP_CHUNK_ROWS rows at a time."""
-    return 4 * (8 * tokens * cfg.hidden_size + 3 * min(tokens, MLP_CHUNK_ROWS) * cfg.intermediate_size)
-
 
 def process_peak(weights_resident: int, kv_bytes: int, step: int) -> int:
     """The process at its peak: the runtime, the weights, the KV (its pool, or the sequences' blocks) and a step's
@@ -196,7 +187,7 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
     state_bytes_per_sequence: int = 0  # a hybrid's linear-attention states (in kv_bytes_per_sequence)
     hybrid: list[HybridRow] = field(default_factory=list)  # a hybrid's cache by layer kind against a dense model's
-    step_tokens: int = 0  # the largest step: max_num_batched_tokens, or the batch's tokens where fewer
+    step_tokens: int = 0  # the largest step: max_num_batched_tokens (engine/step_size), or the batch's tokens where fewer
     step_bytes: int = 0  # its activations (in process_bytes)
 
     @property
@@ -207,10 +198,11 @@ class MemoryPlan:
 def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantization: str | None = None,
                 group_size: int = 128, kv_cache_dtype: str = "auto", context: int | None = None, batch: int = 1,
                 memory: int | None = None, block_size: int = 16, params: int | None = None,
-                stored: Callable[[str], int | None] | None = None, max_num_batched_tokens: int = STEP_TOKENS) -> MemoryPlan:
+                stored: Callable[[str], int | None] | None = None,
+                max_num_batched_tokens: int | None = None) -> MemoryPlan:
     context = context or cfg.max_position_embeddings
-    step_tokens = min(max_num_batched_tokens, context * batch)
-    step = step_bytes(cfg, step_tokens)
+    tokens = min(step_size.step_tokens(max_num_batched_tokens, cfg), context * batch)
+    step = step_bytes(cfg, tokens)
     weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
     blocks = blocks_per_sequence(context, block_size)
@@ -219,7 +211,7 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
     plan = MemoryPlan(model, dtype, quantization, group_size, kv_cache_dtype, weights, per_token, context,
                       block_size, per_sequence, batch, weights.resident + batch * per_sequence,
                       process_peak(weights.resident, batch * per_sequence, step), memory,
-                      state_bytes_per_sequence=states, step_tokens=step_tokens, step_bytes=step)
+                      state_bytes_per_sequence=states, step_tokens=tokens, step_bytes=step)
     if states:
         plan.hybrid = hybrid_rows(cfg, dtype, kv_cache_dtype, block_size, states)
     if memory is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmpipe.config import ModelConfig
+from llmpipe.engine.step_size import STEP_TOKENS
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Setup:
     kv_peak_usage: float | None = None  # fraction of blocks in use at the peak of the run
     block_size: int = 16
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = STEP_TOKENS  # the engine's step budget (engine/step_size)
     prefix_caching: bool | None = None
     group_size: int = 128
 

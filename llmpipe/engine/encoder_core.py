@@ -23,6 +23,7 @@ from llmpipe.config import EngineConfig
 from llmpipe.engine.admission import Admission
 from llmpipe.engine.core import EngineCore
 from llmpipe.engine.core_messages import CoreInfo, EngineCoreOutput, EngineCoreOutputs, EngineCoreRequest, EngineStats
+from llmpipe.engine.step_size import STEP_TOKENS
 from llmpipe.errors import UnsupportedModelError
 from llmpipe.loader.aliases import resolve_model
 from llmpipe.lora.served import ServedAdapters
@@ -63,6 +64,7 @@ class EncoderCore:
             raise UnsupportedModelError(f"{path.name}: an encoder serves no LoRA adapters (enable_lora)")
         config.task = self.encoder.task
         config.max_model_len = min(config.max_model_len or self.encoder.max_len, self.encoder.max_len)
+        config.max_num_batched_tokens = config.max_num_batched_tokens or STEP_TOKENS
         self.config = config
         self.model: nn.Module = self.encoder.model
         files = [f for f in path.rglob("*.safetensors")] if path.is_dir() else [path]

@@ -17,6 +17,7 @@ from llmpipe.engine.block_manager import BlockTransfer
 from llmpipe.engine.kv_pool import plan_kv_pool
 from llmpipe.engine.model_runner import ModelRunner, Runner
 from llmpipe.engine.scheduler import SchedulerOutput
+from llmpipe.engine.step_size import step_tokens
 from llmpipe.engine.model_output import ModelOutput
 from llmpipe.engine.pooler import build_pooler, resolve_task
 from llmpipe.engine.token_sampler import TokenSampler
@@ -33,13 +34,14 @@ logger = logging.getLogger(__name__)
 
 class Executor:
     def __init__(self, config: EngineConfig, progress: bool = True):
-        """Resolves `config` in place: the checkpoint's model_config, an "auto" kv_cache_memory, and
-        max_model_len capped to what the pool holds."""
+        """Resolves `config` in place: the checkpoint's model_config, the step's max_num_batched_tokens, an "auto"
+        kv_cache_memory, and max_model_len capped to what the pool holds."""
         checkpoint = load_checkpoint(config.model)
         family_of(checkpoint.config.architecture).check_engine_options(config)
         if config.disable_sliding_window:  # every layer attends to (and caches) all tokens
             checkpoint.config = replace(checkpoint.config, sliding_window=None)
         config.model_config = checkpoint.config
+        config.max_num_batched_tokens = step_tokens(config.max_num_batched_tokens, checkpoint.config)
         config.task = resolve_task(config.task, checkpoint.path.name, checkpoint.config.embedding_only)
         if config.task == "score" and config.tensor_parallel_size > 1:  # the head's logits are a collective of every rank
             raise UnsupportedModelError(f"{checkpoint.path.name}: a reranker's scores are not served under tensor parallelism")

@@ -1,5 +1,6 @@
 """`llmpipe memory`: the textbook figures, parameter counts against transformers, bytes by hand."""
 
+import dataclasses
 import json
 import math
 
@@ -223,15 +224,41 @@ def test_a_hybrid_mixture_of_experts_reads_its_routed_experts_only(tiny_checkpoi
 def test_the_processs_peak_counts_a_steps_activations():
     """A step of max_num_batched_tokens tokens (fewer where the batch holds fewer): about eight [tokens, hidden]
     float32 tensors, and the MLP's 3 × intermediate floats for at most MLP_CHUNK_ROWS rows at a time."""
-    from llmpipe.diagnose.memory import RUNTIME_BYTES, STEP_TOKENS, step_bytes
+    from llmpipe.diagnose.memory import RUNTIME_BYTES
+    from llmpipe.engine.step_size import step_bytes
     from llmpipe.models.llama.model import MLP_CHUNK_ROWS
 
     cfg = NAMED_ARCHITECTURES["llama-7b"]
-    plan = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16)
-    assert plan.step_tokens == STEP_TOKENS == 2048
+    plan = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16, max_num_batched_tokens=2048)
+    assert plan.step_tokens == 2048
     assert plan.step_bytes == 4 * (8 * 2048 * 4096 + 3 * MLP_CHUNK_ROWS * 11008) == step_bytes(cfg, 2048)
     assert plan.process_bytes == RUNTIME_BYTES + plan.total_bytes + plan.step_bytes
     short = plan_memory(cfg, "llama-7b", dtype="float16", context=100, batch=1)
     assert short.step_tokens == 100 and short.step_bytes == 4 * (8 * 100 + 3 * 100 * 11008 / 4096) * 4096
     small = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16, max_num_batched_tokens=512)
     assert small.step_tokens == 512 and small.step_bytes == 4 * 512 * (8 * 4096 + 3 * 11008) < plan.step_bytes
+    default = plan_memory(cfg, "llama-7b", dtype="float16", context=256, batch=16)
+    assert default.step_tokens == 512  # the engine's default step for a 7B (engine/step_size)
+
+
+@pytest.mark.parametrize("arch, tokens", [("llama-7b", 512), ("llama3-8b", 512), ("qwen3.5-9b", 512),
+                                          ("gpt-oss-20b", 1024), ("qwen3-30b-a3b", 2048)])
+def test_the_default_step_halves_from_2048_to_512_while_its_activations_pass_192_mib(arch, tokens):
+    from llmpipe.engine.step_size import STEP_ACTIVATIONS_MAX, default_step_tokens, step_bytes
+
+    cfg = NAMED_ARCHITECTURES[arch]
+    assert default_step_tokens(cfg) == tokens
+    assert tokens == 512 or step_bytes(cfg, tokens) <= STEP_ACTIVATIONS_MAX
+    assert tokens == 2048 or step_bytes(cfg, 2 * tokens) > STEP_ACTIVATIONS_MAX
+
+
+def test_small_models_keep_a_2048_token_step_and_an_engine_takes_its_models_default(smollm2_gguf):
+    from llmpipe import LLM
+    from llmpipe.engine.step_size import default_step_tokens
+    from llmpipe.loader import load_checkpoint
+
+    assert default_step_tokens(load_checkpoint(str(smollm2_gguf)).config) == 2048
+    assert default_step_tokens(dataclasses.replace(NAMED_ARCHITECTURES["llama3-8b"], hidden_size=2048,
+                                                   intermediate_size=8192)) == 2048  # Llama-3.2-1B's widths
+    assert LLM(str(smollm2_gguf), progress=False).engine.config.max_num_batched_tokens == 2048
+    assert LLM(str(smollm2_gguf), progress=False, max_num_batched_tokens=100).engine.config.max_num_batched_tokens == 100

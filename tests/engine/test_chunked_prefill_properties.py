@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmpipe import LLM, SamplingParams
-from llmpipe.config import EngineConfig
+from llmpipe.engine.step_size import STEP_TOKENS
 from tests.utils import build_checkpoint
 from tests.engine_helpers import NEAR_TIE
 from tests.loader.gguf_helpers import hf_metadata, hf_tensors, write_gguf
@@ -210,7 +210,7 @@ def logit_shapes(llm: LLM, monkeypatch) -> list[tuple[int, ...]]:
 def test_a_prompt_past_the_default_budget_completes_alone(engines, fmt, monkeypatch):
     """A long prompt's edge case: 2,049 tokens at the default max_num_batched_tokens (2,048), alone. Its first step
     is one chunk ending no prompt: logits of no row."""
-    llm = engines.get(fmt, EngineConfig.max_num_batched_tokens)
+    llm = engines.get(fmt, STEP_TOKENS)
     assert llm.engine.config.max_num_batched_tokens == 2048
     shapes = logit_shapes(llm, monkeypatch)
     prompt = random.Random(42).choices(range(3, 320), k=2049)
@@ -222,7 +222,7 @@ def test_a_prompt_past_the_default_budget_completes_alone(engines, fmt, monkeypa
 @pytest.mark.slow
 def test_smollm2_answers_a_prompt_past_the_default_budget_alone(engines, monkeypatch):
     """The report itself: SmolLM2 Q4_1 at the default budget, 2,049 random tokens alone, max_tokens 2."""
-    llm = engines.get(SMOLLM2, EngineConfig.max_num_batched_tokens, blocks=136)
+    llm = engines.get(SMOLLM2, STEP_TOKENS, blocks=136)
     shapes = logit_shapes(llm, monkeypatch)
     prompt = random.Random(42).choices(range(100, 40000), k=2049)
     output = llm.generate([{"prompt_token_ids": prompt}], greedy(2), use_tqdm=False)[0].outputs[0]
