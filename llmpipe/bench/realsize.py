@@ -275,7 +275,8 @@ def predicted_peak_rss(gguf: Path, kv_cache_memory: str, step: int | None = None
 
     checkpoint = load_checkpoint(str(gguf))
     weights = weight_bytes(checkpoint.config, "float32", "auto", stored=getattr(checkpoint.source, "stored_bytes", None))
-    return process_peak(weights.resident, parse_bytes(kv_cache_memory), step_bytes(checkpoint.config, step_tokens(step, checkpoint.config)))
+    activations = step_bytes(checkpoint.config, step_tokens(step, checkpoint.config))
+    return process_peak(weights.resident, parse_bytes(kv_cache_memory), activations)
 
 
 def bytes_per_token(gguf: Path) -> int:

@@ -67,7 +67,7 @@ class _FastGGUFReader(GGUFReader):
             return
         start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
         end = min(tensor.data_offset + tensor.n_bytes, len(self.mapping))
-        advices = (getattr(mmap, "MADV_POPULATE_READ", 22),) * mapped + (getattr(mmap, "MADV_WILLNEED", None),)
+        advices = ((getattr(mmap, "MADV_POPULATE_READ", 22),) if mapped else ()) + (getattr(mmap, "MADV_WILLNEED", None),)
         for advice in advices:
             try:
                 if advice is not None and end > start:
