@@ -83,7 +83,8 @@ def plot_inputs(args, llm: LLM, outputs: list[RequestOutput]) -> dict:
                "mean_itl_s": split.mean_itl_s, "prefill_wall_s": split.prefill_wall_s}
     return {
         "model_config": dataclasses.asdict(llm.engine.config.model_config), "weight_bytes": llm.engine.weight_bytes,
-        "peak_batch": min(args.num_prompts, args.max_num_seqs), "max_num_batched_tokens": llm.engine.config.max_num_batched_tokens,
+        "peak_batch": min(args.num_prompts, args.max_num_seqs),
+        "max_num_batched_tokens": llm.engine.config.max_num_batched_tokens,
         "memory_bandwidth_GBps": limits.bandwidth / 1e9, "matmul_GFLOPs": limits.flops / 1e9, "samples": samples}
 
 
