@@ -10,7 +10,7 @@ from llmpipe.diagnose.analysis import diagnose
 from llmpipe.diagnose.report import Diagnosis, Setup
 from llmpipe.diagnose.compressed_kv import NAMED_CONFIGS, plan_compressed_kv, read_config
 from llmpipe.diagnose.memory import NAMED_ARCHITECTURES, plan_memory
-from llmpipe.engine.step_size import step_tokens
+from llmpipe.engine.step_size import default_step_tokens
 from llmpipe.errors import InvalidRequestError, ModelLoadError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -109,7 +109,7 @@ def _planned_setup(model: str, args: argparse.Namespace) -> Setup | None:
     plan = plan_memory(cfg, model, dtype=args.dtype, quantization=quantization if quantization in ("int8", "int4")
                        else None, kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"))
     return Setup(cfg, args.dtype, plan.weights.resident, plan.kv_bytes_per_token,
-                 max_num_batched_tokens=step_tokens(None, cfg))
+                 max_num_batched_tokens=default_step_tokens(cfg))
 
 
 def cmd_memory(args: argparse.Namespace) -> None:

@@ -19,8 +19,7 @@ from typing import Callable
 
 from llmpipe.config import DTYPES, ModelConfig
 from llmpipe.diagnose.costs import expert_share, read_share
-from llmpipe.engine import step_size
-from llmpipe.engine.step_size import step_bytes
+from llmpipe.engine.step_size import step_bytes, step_tokens
 from llmpipe.kv_cache.paged import kv_bytes_per_token
 from llmpipe.loader.weight_names import expected_weight_shapes
 from llmpipe.models.gpt_oss.config import GptOssFields, alternating_layer_types
@@ -201,7 +200,7 @@ def plan_memory(cfg: ModelConfig, model: str, *, dtype: str = "float32", quantiz
                 stored: Callable[[str], int | None] | None = None,
                 max_num_batched_tokens: int | None = None) -> MemoryPlan:
     context = context or cfg.max_position_embeddings
-    tokens = min(step_size.step_tokens(max_num_batched_tokens, cfg), context * batch)
+    tokens = min(step_tokens(max_num_batched_tokens, cfg), context * batch)
     step = step_bytes(cfg, tokens)
     weights = weight_bytes(cfg, dtype, quantization, group_size, params, stored)
     per_token = kv_bytes_per_token(cfg, DTYPES[dtype], kv_cache_dtype)
