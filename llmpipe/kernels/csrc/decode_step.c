@@ -11,10 +11,10 @@
  * weights take to stream. Here each thread owns a fixed slice of every weight's output rows, so it
  * streams the same bytes every step, and the per-op dispatch is gone. (Handing a GGML weight's rows out
  * 64 or 256 at a time to whichever thread is free cut the threads' waits at the barriers from ~7% to ~2%
- * of an 8B Q4_K_M step on a noisy 2-vCPU host, yet decoded 4-5% slower, in-process A/B: one long
- * stream per thread feeds the prefetchers better than the other thread's idle time costs.) The arithmetic is the per-op
- * kernels' own (the same row functions, the same row split into pairs), so each linear's result is
- * theirs bit for bit.
+ * of an 8B Q4_K_M step on a noisy 2-vCPU host, yet decoded 4-5% slower in an in-process A/B: one long
+ * stream per thread feeds the prefetchers better than the other thread's idle time costs; see
+ * docs/benchmarks.md, twenty-fourth session.) The arithmetic is the per-op kernels' own (the same row
+ * functions, the same row split into pairs), so each linear's result is theirs bit for bit.
  *
  * Weights, per linear (LinearDesc, as layers/decode_step.py lays it out):
  *   F32:  float [N, K]
