@@ -67,8 +67,8 @@ class _FastGGUFReader(GGUFReader):
             return
         start = tensor.data_offset - tensor.data_offset % mmap.PAGESIZE
         end = min(tensor.data_offset + tensor.n_bytes, len(self.mapping))
-        advices = ((getattr(mmap, "MADV_POPULATE_READ", 22),) if mapped else ()) + (getattr(mmap, "MADV_WILLNEED", None),)
-        for advice in advices:
+        populate, willneed = getattr(mmap, "MADV_POPULATE_READ", 22), getattr(mmap, "MADV_WILLNEED", None)
+        for advice in (populate, willneed) if mapped else (willneed,):
             try:
                 if advice is not None and end > start:
                     self.mapping.madvise(advice, start, end - start)

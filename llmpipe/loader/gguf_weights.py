@@ -40,8 +40,8 @@ class GGUFWeights:
         self._heads: dict[str, int] = {}  # HF name → head count, for rows llama.cpp permuted
         self._in_place: set[str] = set()  # tensors handed out as views of the mapping: their pages stay
         self._values: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {}  # HF name → arch.values' function
-        # An embedding that is not also the LM head is only looked up, a row a token: its pages are not mapped ahead.
-        self._embedding_is_head = config.tie_word_embeddings
+        # Tensors only looked up, a row a token (an embedding that is not also the LM head): not mapped ahead.
+        self._looked_up: set[str] = set() if config.tie_word_embeddings else {EMBED}
         for tensor in split_fused(reader.tensors, arch, config):
             expert_names = arch.expert_names(tensor.name, int(tensor.shape[-1])) if len(tensor.shape) > 1 else None
             if expert_names is not None:
@@ -103,7 +103,7 @@ class GGUFWeights:
             self._in_place.add(name)
             populate = getattr(self._reader, "populate_pages", None)
             if populate is not None:
-                populate(self._tensors[name], mapped=name != EMBED or self._embedding_is_head)
+                populate(self._tensors[name], mapped=name not in self._looked_up)
         return weight
 
     def raw_blocks(self, name: str) -> tuple[GGMLQuantizationType, torch.Tensor]:

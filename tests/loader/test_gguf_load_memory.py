@@ -99,6 +99,11 @@ def test_each_tensors_pages_are_let_go_once_the_next_is_asked_for_and_read_back_
         assert torch.equal(before, after.dequantize() if not isinstance(after, torch.Tensor) else after), name
 
 
+def _advice_on(recording: RecordingMap, info) -> set[int]:
+    return {a for a, start, length in recording.calls
+            if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
+
+
 def test_blocks_kept_as_the_files_bytes_are_views_of_the_mapping_read_in_and_never_let_go(tiny_gguf):
     """A GGML tensor the model keeps is its view of the mapping (no copy): its pages are read in at load and
     stay; every other tensor's pages go once copied (q and k: rows unpermuted into a copy of their own)."""
@@ -112,15 +117,7 @@ def test_blocks_kept_as_the_files_bytes_are_views_of_the_mapping_read_in_and_nev
     for name, w in weights.items():
         shares = isinstance(w, formats.GGMLWeight) and np.shares_memory(w.blocks.numpy(), reader.data)
         assert shares == (name in kept), name
-        info = source._tensors[name]
-        advice = {a for a, start, length in recording.calls
-                  if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
-        assert (mmap.MADV_DONTNEED in advice) == (name not in kept), name
-
-
-def _advice_on(recording: RecordingMap, info) -> set[int]:
-    return {a for a, start, length in recording.calls
-            if start <= info.data_offset and info.data_offset + info.n_bytes <= start + length}
+        assert (mmap.MADV_DONTNEED in _advice_on(recording, source._tensors[name])) == (name not in kept), name
 
 
 def _kept_embedding_advice(path: str) -> tuple[set[int], set[int]]:

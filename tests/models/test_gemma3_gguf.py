@@ -91,4 +91,5 @@ def test_q4_k_and_q5_0_tensors_run_quantized_and_compute_the_dequantized_model(g
         ours = native.generate([{"prompt_token_ids": ids}], decoded)[0].outputs[0].token_ids
         top2 = logits[len(ids) - 1 : -1].topk(2, dim=-1).values
         until = next((i for i, m in enumerate((top2[:, 0] - top2[:, 1]).tolist()) if m < NEAR_TIE), len(dense))
-        assert ours[: min(until, len(ours))] == dense[: min(until, len(ours))]
+        agreed = min(until, len(ours))
+        assert ours[:agreed] == dense[:agreed]
